@@ -1,0 +1,352 @@
+//! Object names and the paths inside them (spec §6.2).
+//!
+//! A PackageRevision is named `<repo>.<dotted package path>.<workspace>`, e.g.
+//! `blueprints.net.basens.v1` for package `net/basens`, workspace `v1`. Parsing
+//! accepts the legacy form where the workspace is a dotted version (`.v1.2`).
+
+use std::fmt;
+
+/// Longest DNS-1123 label.
+pub const MAX_LABEL_LEN: usize = 63;
+/// Longest DNS-1123 subdomain (and so the longest object name).
+pub const MAX_SUBDOMAIN_LEN: usize = 253;
+/// Most directory levels a package path may have.
+pub const MAX_PACKAGE_DEPTH: usize = 16;
+
+/// Why a name or path is not acceptable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("{what} must not be empty")]
+    Empty { what: &'static str },
+    #[error("{what} {value:?} is longer than {max} characters")]
+    TooLong {
+        what: &'static str,
+        value: String,
+        max: usize,
+    },
+    #[error(
+        "{what} {value:?} is not a DNS-1123 label: use lowercase letters, digits and '-', starting and ending with a letter or digit"
+    )]
+    NotLabel { what: &'static str, value: String },
+    #[error(
+        "{what} {value:?} is not a DNS-1123 subdomain: use lowercase letters, digits, '-' and '.'"
+    )]
+    NotSubdomain { what: &'static str, value: String },
+    #[error("package name {value:?} must be a relative path: {reason}")]
+    UnsafePath { value: String, reason: &'static str },
+    #[error("package name {value:?} has more than {max} path segments")]
+    TooDeep { value: String, max: usize },
+    #[error(
+        "name {value:?} must have the form <repository>.<package path>.<workspace> with at least three dot-separated parts"
+    )]
+    Shape { value: String },
+}
+
+/// Whether `s` is a DNS-1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL_LEN
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// Whether `s` is a DNS-1123 subdomain: labels joined by '.', at most 253.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= MAX_SUBDOMAIN_LEN && s.split('.').all(is_dns1123_label)
+}
+
+/// Checks a DNS-1123 label with a message naming the field.
+///
+/// # Errors
+/// Empty, too long, or characters outside the label alphabet.
+pub fn validate_label(what: &'static str, value: &str) -> Result<(), NameError> {
+    if value.is_empty() {
+        return Err(NameError::Empty { what });
+    }
+    if value.len() > MAX_LABEL_LEN {
+        return Err(NameError::TooLong {
+            what,
+            value: truncate(value),
+            max: MAX_LABEL_LEN,
+        });
+    }
+    if !is_dns1123_label(value) {
+        return Err(NameError::NotLabel {
+            what,
+            value: value.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks `spec.packageName`: a relative slash path whose segments are
+/// DNS-1123 labels, so it can be part of an object name and can never escape
+/// the repository directory.
+///
+/// # Errors
+/// Absolute paths, `..`, `.`, `.git`, empty segments, backslashes, control
+/// characters, too many segments, or a segment that is not a label.
+pub fn validate_package_path(value: &str) -> Result<(), NameError> {
+    let unsafe_path = |reason| NameError::UnsafePath {
+        value: truncate(value),
+        reason,
+    };
+    if value.is_empty() {
+        return Err(NameError::Empty {
+            what: "package name",
+        });
+    }
+    if value.len() > MAX_SUBDOMAIN_LEN {
+        return Err(NameError::TooLong {
+            what: "package name",
+            value: truncate(value),
+            max: MAX_SUBDOMAIN_LEN,
+        });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(unsafe_path("control characters are not allowed"));
+    }
+    if value.contains('\\') {
+        return Err(unsafe_path("backslashes are not allowed"));
+    }
+    if value.starts_with('/') {
+        return Err(unsafe_path("absolute paths are not allowed"));
+    }
+    let segments: Vec<&str> = value.split('/').collect();
+    if segments.len() > MAX_PACKAGE_DEPTH {
+        return Err(NameError::TooDeep {
+            value: truncate(value),
+            max: MAX_PACKAGE_DEPTH,
+        });
+    }
+    for segment in &segments {
+        match *segment {
+            "" => return Err(unsafe_path("empty path segments are not allowed")),
+            "." | ".." => return Err(unsafe_path("'.' and '..' segments are not allowed")),
+            s if s.eq_ignore_ascii_case(".git") => {
+                return Err(unsafe_path("'.git' segments are not allowed"));
+            }
+            s => validate_label("package path segment", s)?,
+        }
+    }
+    Ok(())
+}
+
+/// The identity encoded in a PackageRevision name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevisionName {
+    pub repository: String,
+    /// Slash path of the package, relative to the repository directory.
+    pub package_name: String,
+    pub workspace_name: String,
+}
+
+impl RevisionName {
+    /// Composes `<repo>.<dotted path>.<workspace>` (Porch's `ComposePkgRevObjName`).
+    pub fn compose(repository: &str, package_name: &str, workspace_name: &str) -> String {
+        let dotted = package_name.replace('/', ".");
+        let dotted = dotted.trim_matches('.');
+        let mut name = String::with_capacity(repository.len() + dotted.len() + workspace_name.len() + 2);
+        name.push_str(repository);
+        if !dotted.is_empty() {
+            name.push('.');
+            name.push_str(dotted);
+        }
+        name.push('.');
+        name.push_str(workspace_name);
+        name
+    }
+
+    /// The object name of this identity.
+    pub fn to_name(&self) -> String {
+        Self::compose(&self.repository, &self.package_name, &self.workspace_name)
+    }
+
+    /// Parses a name back (Porch's `PkgRevK8sName2Key`) and checks every
+    /// DNS-1123 rule: repository, package and workspace are labels (a legacy
+    /// `v1.2` workspace is accepted), and the whole name is a subdomain.
+    ///
+    /// # Errors
+    /// Fewer than three parts, or any part breaking its rule.
+    pub fn parse(name: &str) -> Result<Self, NameError> {
+        if name.len() > MAX_SUBDOMAIN_LEN {
+            return Err(NameError::TooLong {
+                what: "name",
+                value: truncate(name),
+                max: MAX_SUBDOMAIN_LEN,
+            });
+        }
+        if let Some(long) = name.split('.').find(|s| s.len() > MAX_LABEL_LEN) {
+            return Err(NameError::TooLong {
+                what: "name segment",
+                value: truncate(long),
+                max: MAX_LABEL_LEN,
+            });
+        }
+        if !is_dns1123_subdomain(name) {
+            return Err(NameError::NotSubdomain {
+                what: "name",
+                value: name.to_owned(),
+            });
+        }
+        let parts: Vec<&str> = name.split('.').collect();
+        let ws_start = legacy_workspace_start(&parts).unwrap_or(parts.len() - 1);
+        if parts.len() < 3 || ws_start < 2 {
+            return Err(NameError::Shape {
+                value: name.to_owned(),
+            });
+        }
+        let repository = parts[0];
+        let package = &parts[1..ws_start];
+        let workspace_name = parts[ws_start..].join(".");
+        validate_label("repository", repository)?;
+        let leaf = package[package.len() - 1];
+        validate_label("package", leaf)?;
+        let path_len: usize = package[..package.len() - 1].iter().map(|s| s.len()).sum();
+        if path_len > MAX_LABEL_LEN {
+            return Err(NameError::TooLong {
+                what: "package path",
+                value: package[..package.len() - 1].join("/"),
+                max: MAX_LABEL_LEN,
+            });
+        }
+        if ws_start == parts.len() - 1 {
+            validate_label("workspace", &workspace_name)?;
+        }
+        Ok(RevisionName {
+            repository: repository.to_owned(),
+            package_name: package.join("/"),
+            workspace_name,
+        })
+    }
+}
+
+impl fmt::Display for RevisionName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_name())
+    }
+}
+
+/// Index of the first part of a trailing `v<digits>(.<digits>)+` workspace.
+fn legacy_workspace_start(parts: &[&str]) -> Option<usize> {
+    let is_digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    let mut i = parts.len();
+    while i > 0 && is_digits(parts[i - 1]) {
+        i -= 1;
+    }
+    // at least one numeric part after the `v<digits>` part
+    if i == parts.len() || i == 0 {
+        return None;
+    }
+    let head = parts[i - 1];
+    (head.len() > 1 && head.starts_with('v') && is_digits(&head[1..])).then_some(i - 1)
+}
+
+fn truncate(value: &str) -> String {
+    const SHOWN: usize = 80;
+    if value.len() <= SHOWN {
+        return value.to_owned();
+    }
+    let mut end = SHOWN;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &value[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(name: &str) -> (String, String, String) {
+        let n = RevisionName::parse(name).expect(name);
+        (n.repository, n.package_name, n.workspace_name)
+    }
+
+    #[test]
+    fn composes_like_porch() {
+        assert_eq!(RevisionName::compose("blueprints", "net/basens", "v1"), "blueprints.net.basens.v1");
+        assert_eq!(RevisionName::compose("blueprints", "basens", "main"), "blueprints.basens.main");
+        assert_eq!(RevisionName::compose("r", "/a/b/", "ws"), "r.a.b.ws");
+    }
+
+    #[test]
+    fn parses_paths_and_workspaces() {
+        assert_eq!(parsed("blueprints.net.basens.v1"), ("blueprints".into(), "net/basens".into(), "v1".into()));
+        assert_eq!(parsed("repo.pkg.ws"), ("repo".into(), "pkg".into(), "ws".into()));
+        assert_eq!(parsed("repo.a.b.c.pkg.main"), ("repo".into(), "a/b/c/pkg".into(), "main".into()));
+    }
+
+    #[test]
+    fn parses_the_legacy_semver_workspace() {
+        assert_eq!(parsed("repo.pkg.v1.2"), ("repo".into(), "pkg".into(), "v1.2".into()));
+        assert_eq!(parsed("repo.a.pkg.v1.2.3"), ("repo".into(), "a/pkg".into(), "v1.2.3".into()));
+        // `v1` alone is an ordinary workspace; `1.2` without `v` is not legacy
+        assert_eq!(parsed("repo.pkg.v1"), ("repo".into(), "pkg".into(), "v1".into()));
+        assert_eq!(parsed("repo.pkg.1.2"), ("repo".into(), "pkg.1".replace('.', "/"), "2".into()));
+    }
+
+    #[test]
+    fn compose_and_parse_are_inverse() {
+        for (r, p, w) in [("a", "b", "c"), ("blueprints", "x/y/z", "draft-1"), ("r", "p", "v3.1")] {
+            let name = RevisionName::compose(r, p, w);
+            assert_eq!(parsed(&name), (r.into(), p.into(), w.into()));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_names() {
+        for bad in ["", "a.b", "Repo.pkg.ws", "repo..ws", "repo.pkg.ws.", "-r.pkg.ws", "r.p_kg.ws", "r.pkg.v1.2."] {
+            assert!(RevisionName::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        let long = format!("r.{}.ws", "p".repeat(250));
+        assert!(matches!(RevisionName::parse(&long), Err(NameError::TooLong { .. })));
+        let long_label = format!("r.{}.ws", "p".repeat(64));
+        assert!(matches!(RevisionName::parse(&long_label), Err(NameError::TooLong { .. })));
+        let err = RevisionName::parse("a.b").expect_err("two parts");
+        assert!(err.to_string().contains("<repository>.<package path>.<workspace>"), "{err}");
+    }
+
+    #[test]
+    fn package_paths_cannot_escape() {
+        for ok in ["basens", "net/basens", "a/b-c/d1"] {
+            validate_package_path(ok).expect(ok);
+        }
+        let cases = [
+            ("../etc", "'.' and '..'"),
+            ("a/../../b", "'.' and '..'"),
+            ("/abs/path", "absolute"),
+            ("a//b", "empty path segments"),
+            ("a/.git", "'.git'"),
+            ("a/.GIT/b", "'.git'"),
+            ("a\\b", "backslashes"),
+            ("a\0b", "control"),
+            ("a/", "empty path segments"),
+            ("A/b", "DNS-1123 label"),
+            ("a/b_c", "DNS-1123 label"),
+            ("", "must not be empty"),
+        ];
+        for (bad, message) in cases {
+            let err = validate_package_path(bad).expect_err(bad);
+            assert!(err.to_string().contains(message), "{bad:?}: {err}");
+        }
+        let deep = vec!["a"; MAX_PACKAGE_DEPTH + 1].join("/");
+        assert!(matches!(validate_package_path(&deep), Err(NameError::TooDeep { .. })));
+        let long = "a".repeat(300);
+        assert!(matches!(validate_package_path(&long), Err(NameError::TooLong { .. })));
+    }
+
+    #[test]
+    fn labels_and_subdomains() {
+        assert!(is_dns1123_label("a-1"));
+        assert!(!is_dns1123_label("a."));
+        assert!(!is_dns1123_label(&"a".repeat(64)));
+        assert!(is_dns1123_subdomain("a.b-c.d"));
+        assert!(!is_dns1123_subdomain("a..b"));
+        let err = validate_label("workspace", "Bad_Name").expect_err("bad");
+        assert!(err.to_string().contains("workspace \"Bad_Name\" is not a DNS-1123 label"), "{err}");
+    }
+}

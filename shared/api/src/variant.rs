@@ -1,0 +1,339 @@
+//! PackageVariant (`config.porch.kpt.dev/v1alpha1`) and PackageVariantSet
+//! (`config.porch.kpt.dev/v1alpha2`): types only (packagevariants spec §1, §3).
+
+use crate::kptfile::Function;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Finalizer put on PackageVariants.
+pub const PACKAGE_VARIANT_FINALIZER: &str = "config.porch.kpt.dev/packagevariants";
+/// Label on PackageVariants made by a PackageVariantSet (value: the set's uid).
+pub const PACKAGE_VARIANT_SET_LABEL: &str = "config.porch.kpt.dev/packagevariantset";
+
+/// One downstream package kept in step with an upstream.
+#[derive(CustomResource, Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "config.porch.kpt.dev",
+    version = "v1alpha1",
+    kind = "PackageVariant",
+    plural = "packagevariants",
+    singular = "packagevariant",
+    category = "porch",
+    namespaced,
+    status = "PackageVariantStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Keeps one downstream package revision in step with an upstream package."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageVariantSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downstream: Option<Downstream>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption_policy: Option<AdoptionPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_context: Option<PackageContext>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<crate::kptfile::Pipeline>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injectors: Vec<InjectionSelector>,
+}
+
+/// The upstream of a variant (shared with PackageVariantSet).
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Upstream {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub repo: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub package: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub workspace_name: String,
+}
+
+/// The downstream of a variant.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Downstream {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub repo: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub package: String,
+}
+
+/// Whether existing downstream revisions are adopted.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AdoptionPolicy {
+    #[default]
+    #[serde(rename = "adoptNone")]
+    AdoptNone,
+    #[serde(rename = "adoptExisting")]
+    AdoptExisting,
+}
+
+/// What happens to downstream revisions when the variant goes away.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeletionPolicy {
+    #[default]
+    Delete,
+    Orphan,
+}
+
+/// Keys to set in and remove from `package-context.yaml`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageContext {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub data: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove_keys: Vec<String>,
+}
+
+/// An in-cluster object that may be injected into the package.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+pub struct InjectionSelector {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub name: String,
+}
+
+/// `status` of a PackageVariant.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageVariantStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub downstream_targets: Vec<DownstreamTarget>,
+}
+
+/// A PackageRevision the variant manages.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DownstreamTarget {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub render_status: Option<crate::v1alpha1::RenderStatus>,
+}
+
+/// Fan-out of one upstream to many downstream variants.
+#[derive(CustomResource, Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "config.porch.kpt.dev",
+    version = "v1alpha2",
+    kind = "PackageVariantSet",
+    plural = "packagevariantsets",
+    singular = "packagevariantset",
+    category = "porch",
+    namespaced,
+    status = "PackageVariantSetStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Generates PackageVariants from one upstream for many targets."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageVariantSetSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<Target>,
+}
+
+/// One target: exactly one of `repositories`, `repositorySelector`, `objectSelector`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repositories: Option<Vec<RepositoryTarget>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_selector: Option<ObjectSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<PackageVariantTemplate>,
+}
+
+/// `targets[].repositories[]`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RepositoryTarget {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub package_names: Vec<String>,
+}
+
+/// `targets[].objectSelector`: a label selector over objects of one kind.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectSelector {
+    #[serde(flatten)]
+    pub selector: LabelSelector,
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// How each generated PackageVariant is shaped.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageVariantTemplate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downstream: Option<DownstreamTemplate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption_policy: Option<AdoptionPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub label_exprs: Vec<MapExpr>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub annotation_exprs: Vec<MapExpr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_context: Option<PackageContextTemplate>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injectors: Vec<InjectionSelectorTemplate>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<PipelineTemplate>,
+}
+
+/// `template.downstream`: a value or a CEL expression for each field.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DownstreamTemplate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo_expr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_expr: Option<String>,
+}
+
+/// A map entry given by values or CEL expressions.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MapExpr {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_expr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_expr: Option<String>,
+}
+
+/// `template.packageContext`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageContextTemplate {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub data: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_exprs: Vec<MapExpr>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove_keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove_key_exprs: Vec<String>,
+}
+
+/// `template.injectors[]`: exactly one of `name` and `nameExpr`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct InjectionSelectorTemplate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name_expr: Option<String>,
+}
+
+/// `template.pipeline`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PipelineTemplate {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validators: Vec<FunctionTemplate>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mutators: Vec<FunctionTemplate>,
+}
+
+/// A kpt function plus expressions overlaid onto its `configMap`. The fields
+/// are the Kptfile `Function`'s, spelled out because that type decodes strictly
+/// and so cannot be flattened.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FunctionTemplate {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub exec: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config_path: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub config_map: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tag: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selectors: Vec<crate::kptfile::Selector>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<crate::kptfile::Selector>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub config_map_exprs: Vec<MapExpr>,
+}
+
+impl FunctionTemplate {
+    /// The function without its expressions.
+    pub fn function(&self) -> Function {
+        Function {
+            image: self.image.clone(),
+            exec: self.exec.clone(),
+            config_path: self.config_path.clone(),
+            config_map: self.config_map.clone(),
+            name: self.name.clone(),
+            tag: self.tag.clone(),
+            selectors: self.selectors.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
+}
+
+/// `status` of a PackageVariantSet.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PackageVariantSetStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
