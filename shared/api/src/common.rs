@@ -5,7 +5,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
-/// The lifecycle of a package revision (spec §4.1).
+/// The lifecycle of a package revision.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Lifecycle {
     Draft,
@@ -150,12 +150,12 @@ pub struct GitPackage {
     #[serde(rename = "ref")]
     pub ref_: String,
     pub directory: String,
-    /// Always serialised, as Porch's non-pointer struct is (spec §1.2 notes).
+    /// Always serialised, as the reference does.
     #[serde(default)]
     pub secret_ref: SecretRef,
 }
 
-/// Merge strategy of an upgrade (spec §3.6).
+/// Merge strategy of an upgrade.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum UpgradeStrategy {

@@ -397,13 +397,17 @@ fn v1_labels_to_v2((_, v1): &LabelPair) -> LabelPair {
     (latest.then(|| "true".to_owned()), None)
 }
 
-/// Removes and decodes a stash. An annotation that does not decode is not
-/// ours: it stays where it is, as an ordinary annotation.
-fn take_stash<T: for<'de> Deserialize<'de>>(
+/// Removes and decodes a stash. An annotation that does not decode (or is
+/// empty) is not ours: it stays where it is, as an ordinary annotation.
+fn take_stash<T: for<'de> Deserialize<'de> + Default + PartialEq>(
     annotations: &mut BTreeMap<String, String>,
     key: &str,
 ) -> Option<T> {
-    let decoded = serde_json::from_str(annotations.get(key)?).ok()?;
+    let decoded: T = serde_json::from_str(annotations.get(key)?).ok()?;
+    // an empty stash is never written, so `{}` is someone else's value
+    if decoded == T::default() {
+        return None;
+    }
     annotations.remove(key);
     Some(decoded)
 }
@@ -449,4 +453,65 @@ fn non_default<T: Default + PartialEq>(value: T) -> Option<T> {
 
 fn non_empty(map: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
     (!map.is_empty()).then_some(map)
+}
+
+/// A reserved conversion annotation holding something conversion did not write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "annotation {key} is reserved for version conversion and holds a value conversion did not write; remove it"
+)]
+pub struct ReservedAnnotationError {
+    pub key: &'static str,
+}
+
+/// Checks the stash annotation an object of `api_version` may carry: absent,
+/// or a stash written by conversion. Admission refuses anything else, so
+/// conversion round trips stay identities.
+///
+/// # Errors
+/// The annotation holds a foreign value.
+pub fn check_stash_annotation(
+    annotations: Option<&BTreeMap<String, String>>,
+    api_version: &str,
+) -> Result<(), ReservedAnnotationError> {
+    fn decodes<T: for<'de> Deserialize<'de> + Default + PartialEq>(text: &str) -> bool {
+        serde_json::from_str::<T>(text).is_ok_and(|t| t != T::default())
+    }
+    let Some(annotations) = annotations else {
+        return Ok(());
+    };
+    let (key, ok): (&'static str, fn(&str) -> bool) = if api_version.ends_with("/v1alpha1") {
+        (V1ALPHA2_FIELDS_ANNOTATION, decodes::<V2Only>)
+    } else {
+        (V1ALPHA1_FIELDS_ANNOTATION, decodes::<V1Only>)
+    };
+    match annotations.get(key) {
+        Some(value) if !ok(value) => Err(ReservedAnnotationError { key }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreign_values_under_reserved_keys_are_reported() {
+        let map = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
+        let v1 = "porch.kpt.dev/v1alpha1";
+        let v2 = "porch.kpt.dev/v1alpha2";
+        check_stash_annotation(None, v1).expect("none");
+        check_stash_annotation(Some(&map(V1ALPHA2_FIELDS_ANNOTATION, r#"{"creationSource":"init"}"#)), v1)
+            .expect("a real stash");
+        for bad in ["x", "{}", "{\"unknown\":1}"] {
+            let err = check_stash_annotation(Some(&map(V1ALPHA2_FIELDS_ANNOTATION, bad)), v1)
+                .expect_err(bad);
+            assert!(err.to_string().contains("reserved for version conversion"), "{err}");
+            check_stash_annotation(Some(&map(V1ALPHA1_FIELDS_ANNOTATION, bad)), v1)
+                .expect("the other key is carried through");
+        }
+        check_stash_annotation(Some(&map(V1ALPHA1_FIELDS_ANNOTATION, r#"{"parent":{"name":"p"}}"#)), v2)
+            .expect("a real stash");
+        assert!(check_stash_annotation(Some(&map(V1ALPHA1_FIELDS_ANNOTATION, "x")), v2).is_err());
+    }
 }

@@ -192,7 +192,7 @@ pub struct PackageRevisionStatus {
     pub render_status: Option<RenderStatus>,
 }
 
-/// The result of rendering a package (`renderStatus` of spec §2.2).
+/// The result of rendering a package.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct RenderStatus {

@@ -70,7 +70,7 @@ pub struct PackageRevisionSpec {
     pub package_metadata: Option<PackageMetadata>,
 }
 
-/// The one way a revision is created (spec §1.2, §3).
+/// The one way a revision is created.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
@@ -159,7 +159,7 @@ pub struct UpgradeSpec {
     pub strategy: Option<UpgradeStrategy>,
 }
 
-/// Observed state of a package revision (spec §1.3).
+/// Observed state of a package revision.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PackageRevisionStatus {

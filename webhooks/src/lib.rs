@@ -1,0 +1,1 @@
+//! Admission and conversion webhooks for PackageRevision.
