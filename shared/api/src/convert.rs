@@ -86,7 +86,9 @@ struct Stashed<O, M> {
 impl<O: Clone, M: PartialEq> Stashed<O, M> {
     /// The original if the mapped value has not changed since.
     fn restore(stash: Option<&Self>, current: &M) -> Option<O> {
-        stash.filter(|s| &s.mapped == current).map(|s| s.original.clone())
+        stash
+            .filter(|s| &s.mapped == current)
+            .map(|s| s.original.clone())
     }
 }
 
@@ -139,8 +141,8 @@ pub fn to_v1alpha1(obj: &v2::PackageRevision) -> Result<v1::PackageRevision, Con
             mapped: mapped_pair.clone(),
         });
     }
-    let out_pair = Stashed::restore(v1_only.and_then(|s| s.labels.as_ref()), &pair)
-        .unwrap_or(mapped_pair);
+    let out_pair =
+        Stashed::restore(v1_only.and_then(|s| s.labels.as_ref()), &pair).unwrap_or(mapped_pair);
     put_label_pair(&mut labels, out_pair);
 
     if let Some(shadowed) = v1_only.and_then(|s| s.shadowed.clone()) {
@@ -214,8 +216,8 @@ pub fn to_v1alpha2(obj: &v1::PackageRevision) -> Result<v2::PackageRevision, Con
             mapped: mapped_pair.clone(),
         });
     }
-    let out_pair = Stashed::restore(v2_only.and_then(|s| s.labels.as_ref()), &pair)
-        .unwrap_or(mapped_pair);
+    let out_pair =
+        Stashed::restore(v2_only.and_then(|s| s.labels.as_ref()), &pair).unwrap_or(mapped_pair);
     put_label_pair(&mut labels, out_pair);
 
     if let Some(shadowed) = v2_only.and_then(|s| s.shadowed.clone()) {
@@ -501,17 +503,32 @@ mod tests {
         let v1 = "porch.kpt.dev/v1alpha1";
         let v2 = "porch.kpt.dev/v1alpha2";
         check_stash_annotation(None, v1).expect("none");
-        check_stash_annotation(Some(&map(V1ALPHA2_FIELDS_ANNOTATION, r#"{"creationSource":"init"}"#)), v1)
-            .expect("a real stash");
+        check_stash_annotation(
+            Some(&map(
+                V1ALPHA2_FIELDS_ANNOTATION,
+                r#"{"creationSource":"init"}"#,
+            )),
+            v1,
+        )
+        .expect("a real stash");
         for bad in ["x", "{}", "{\"unknown\":1}"] {
             let err = check_stash_annotation(Some(&map(V1ALPHA2_FIELDS_ANNOTATION, bad)), v1)
                 .expect_err(bad);
-            assert!(err.to_string().contains("reserved for version conversion"), "{err}");
+            assert!(
+                err.to_string().contains("reserved for version conversion"),
+                "{err}"
+            );
             check_stash_annotation(Some(&map(V1ALPHA1_FIELDS_ANNOTATION, bad)), v1)
                 .expect("the other key is carried through");
         }
-        check_stash_annotation(Some(&map(V1ALPHA1_FIELDS_ANNOTATION, r#"{"parent":{"name":"p"}}"#)), v2)
-            .expect("a real stash");
+        check_stash_annotation(
+            Some(&map(
+                V1ALPHA1_FIELDS_ANNOTATION,
+                r#"{"parent":{"name":"p"}}"#,
+            )),
+            v2,
+        )
+        .expect("a real stash");
         assert!(check_stash_annotation(Some(&map(V1ALPHA1_FIELDS_ANNOTATION, "x")), v2).is_err());
     }
 }

@@ -139,7 +139,11 @@ pub struct UpstreamLock {
 pub struct GenericLock {
     #[serde(default, rename = "storeID", skip_serializing_if = "String::is_empty")]
     pub store_id: String,
-    #[serde(default, rename = "resourceID", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        rename = "resourceID",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub resource_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resource_version: String,
@@ -226,7 +230,11 @@ pub struct Inventory {
     pub namespace: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
-    #[serde(default, rename = "inventoryID", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        rename = "inventoryID",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub inventory_id: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -327,10 +335,19 @@ mod tests {
         let err = Kptfile::from_yaml(unknown).expect_err("unknown field");
         assert!(err.to_string().contains("bogus"), "{err}");
         let old = "apiVersion: kpt.dev/v1alpha2\nkind: Kptfile\nmetadata:\n  name: x\n";
-        assert!(matches!(Kptfile::from_yaml(old), Err(KptfileError::Version { .. })));
+        assert!(matches!(
+            Kptfile::from_yaml(old),
+            Err(KptfileError::Version { .. })
+        ));
         let kind = "apiVersion: kpt.dev/v1\nkind: ConfigMap\nmetadata:\n  name: x\n";
-        assert!(matches!(Kptfile::from_yaml(kind), Err(KptfileError::Kind { .. })));
-        assert!(matches!(Kptfile::from_yaml(": : :\n\t-"), Err(KptfileError::Parse(_))));
+        assert!(matches!(
+            Kptfile::from_yaml(kind),
+            Err(KptfileError::Kind { .. })
+        ));
+        assert!(matches!(
+            Kptfile::from_yaml(": : :\n\t-"),
+            Err(KptfileError::Parse(_))
+        ));
     }
 
     #[test]

@@ -127,11 +127,18 @@ mod tests {
                 let want = if from == to {
                     Some(Transition::Unchanged)
                 } else {
-                    allowed.iter().find(|(f, t, _)| *f == from && *t == to).map(|a| a.2)
+                    allowed
+                        .iter()
+                        .find(|(f, t, _)| *f == from && *t == to)
+                        .map(|a| a.2)
                 };
                 match want {
                     Some(w) => assert_eq!(got, Ok(w), "{from}→{to}"),
-                    None => assert_eq!(got, Err(LifecycleError::Transition { from, to }), "{from}→{to}"),
+                    None => assert_eq!(
+                        got,
+                        Err(LifecycleError::Transition { from, to }),
+                        "{from}→{to}"
+                    ),
                 }
             }
         }
@@ -146,7 +153,10 @@ mod tests {
         check_create(Some(Draft)).expect("Draft");
         for l in [Proposed, Published, DeletionProposed] {
             let err = check_create(Some(l)).expect_err("not draft");
-            assert!(err.to_string().contains("must be created as Draft"), "{err}");
+            assert!(
+                err.to_string().contains("must be created as Draft"),
+                "{err}"
+            );
         }
     }
 
@@ -155,7 +165,10 @@ mod tests {
         check_spec_change(Some(Draft), true).expect("draft");
         check_spec_change(Some(Proposed), true).expect("proposed");
         check_spec_change(Some(Published), false).expect("unchanged");
-        assert_eq!(check_spec_change(Some(Published), true), Err(LifecycleError::SpecFrozen(Published)));
+        assert_eq!(
+            check_spec_change(Some(Published), true),
+            Err(LifecycleError::SpecFrozen(Published))
+        );
         assert!(check_spec_change(Some(DeletionProposed), true).is_err());
     }
 

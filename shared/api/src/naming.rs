@@ -135,6 +135,160 @@ pub fn validate_package_path(value: &str) -> Result<(), NameError> {
     Ok(())
 }
 
+/// Longest repository URL accepted.
+pub const MAX_URL_LEN: usize = 2048;
+
+/// Checks a git repository address: `https://`, `http://`, `ssh://`, `git://`
+/// or `file://` URLs, or scp-like `user@host:path`. Credentials in the URL are
+/// refused (they belong in a Secret).
+///
+/// # Errors
+/// Empty, too long, whitespace or control characters, an unknown scheme, no
+/// host, or a password in the URL.
+pub fn validate_git_url(value: &str) -> Result<(), UrlError> {
+    let err = |reason| UrlError {
+        value: truncate(value),
+        reason,
+    };
+    if value.is_empty() {
+        return Err(err("it is empty"));
+    }
+    if value.len() > MAX_URL_LEN {
+        return Err(err("it is longer than 2048 characters"));
+    }
+    if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(err("it contains whitespace or control characters"));
+    }
+    let Some((scheme, rest)) = value.split_once("://") else {
+        // scp-like syntax: [user@]host:path
+        let (host, path) = value.split_once(':').ok_or_else(|| {
+            err("use https://, http://, ssh://, git://, file:// or user@host:path")
+        })?;
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+        if host.is_empty() || path.is_empty() || host.contains('/') {
+            return Err(err(
+                "use https://, http://, ssh://, git://, file:// or user@host:path",
+            ));
+        }
+        return Ok(());
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "file" => {
+            if rest.starts_with('/') {
+                Ok(())
+            } else {
+                Err(err("file:// URLs need an absolute path"))
+            }
+        }
+        "https" | "http" | "ssh" | "git" => {
+            let authority = rest.split('/').next().unwrap_or_default();
+            let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
+            if userinfo.contains(':') {
+                return Err(err(
+                    "put credentials in a Secret (spec.git.secretRef), not in the URL",
+                ));
+            }
+            let host_ok = !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(c));
+            if host_ok {
+                Ok(())
+            } else {
+                Err(err(
+                    "the host is missing or has characters a host cannot have",
+                ))
+            }
+        }
+        _ => Err(err("the scheme must be https, http, ssh, git or file")),
+    }
+}
+
+/// An unacceptable repository address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("repository address {value:?} is not valid: {reason}")]
+pub struct UrlError {
+    pub value: String,
+    pub reason: &'static str,
+}
+
+/// Checks a branch name: letters, digits, `.`, `_`, `-` and `/`, with git's
+/// rules on where dots and slashes may go.
+///
+/// # Errors
+/// Any character or placement git would refuse, or longer than 255.
+pub fn validate_branch_name(value: &str) -> Result<(), NameError> {
+    let bad = || NameError::NotLabel {
+        what: "branch",
+        value: truncate(value),
+    };
+    if value.is_empty() {
+        return Err(NameError::Empty { what: "branch" });
+    }
+    if value.len() > 255 {
+        return Err(NameError::TooLong {
+            what: "branch",
+            value: truncate(value),
+            max: 255,
+        });
+    }
+    let chars_ok = value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c));
+    let placement_ok = !value.contains("..")
+        && !value.ends_with(".lock")
+        && !value.starts_with('-')
+        && value
+            .split('/')
+            .all(|seg| !seg.is_empty() && !seg.starts_with('.') && !seg.ends_with('.'));
+    if chars_ok && placement_ok {
+        Ok(())
+    } else {
+        Err(bad())
+    }
+}
+
+/// Checks a directory inside a repository (`spec.git.directory`, a clone's
+/// `directory`): leading and trailing slashes are ignored; no `..`, `.git`,
+/// empty segments, backslashes or control characters.
+///
+/// # Errors
+/// Any of the above, or longer than 1024.
+pub fn validate_repo_directory(value: &str) -> Result<(), NameError> {
+    let unsafe_path = |reason| NameError::UnsafePath {
+        value: truncate(value),
+        reason,
+    };
+    if value.len() > 1024 {
+        return Err(NameError::TooLong {
+            what: "directory",
+            value: truncate(value),
+            max: 1024,
+        });
+    }
+    if value.chars().any(char::is_control) {
+        return Err(unsafe_path("control characters are not allowed"));
+    }
+    if value.contains('\\') {
+        return Err(unsafe_path("backslashes are not allowed"));
+    }
+    let trimmed = value.trim_matches('/');
+    if trimmed.is_empty() {
+        return Ok(());
+    }
+    for segment in trimmed.split('/') {
+        match segment {
+            "" => return Err(unsafe_path("empty path segments are not allowed")),
+            "." | ".." => return Err(unsafe_path("'.' and '..' segments are not allowed")),
+            s if s.eq_ignore_ascii_case(".git") => {
+                return Err(unsafe_path("'.git' segments are not allowed"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The identity encoded in a PackageRevision name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RevisionName {
@@ -149,7 +303,8 @@ impl RevisionName {
     pub fn compose(repository: &str, package_name: &str, workspace_name: &str) -> String {
         let dotted = package_name.replace('/', ".");
         let dotted = dotted.trim_matches('.');
-        let mut name = String::with_capacity(repository.len() + dotted.len() + workspace_name.len() + 2);
+        let mut name =
+            String::with_capacity(repository.len() + dotted.len() + workspace_name.len() + 2);
         name.push_str(repository);
         if !dotted.is_empty() {
             name.push('.');
@@ -268,30 +423,61 @@ mod tests {
 
     #[test]
     fn composes_like_porch() {
-        assert_eq!(RevisionName::compose("blueprints", "net/basens", "v1"), "blueprints.net.basens.v1");
-        assert_eq!(RevisionName::compose("blueprints", "basens", "main"), "blueprints.basens.main");
+        assert_eq!(
+            RevisionName::compose("blueprints", "net/basens", "v1"),
+            "blueprints.net.basens.v1"
+        );
+        assert_eq!(
+            RevisionName::compose("blueprints", "basens", "main"),
+            "blueprints.basens.main"
+        );
         assert_eq!(RevisionName::compose("r", "/a/b/", "ws"), "r.a.b.ws");
     }
 
     #[test]
     fn parses_paths_and_workspaces() {
-        assert_eq!(parsed("blueprints.net.basens.v1"), ("blueprints".into(), "net/basens".into(), "v1".into()));
-        assert_eq!(parsed("repo.pkg.ws"), ("repo".into(), "pkg".into(), "ws".into()));
-        assert_eq!(parsed("repo.a.b.c.pkg.main"), ("repo".into(), "a/b/c/pkg".into(), "main".into()));
+        assert_eq!(
+            parsed("blueprints.net.basens.v1"),
+            ("blueprints".into(), "net/basens".into(), "v1".into())
+        );
+        assert_eq!(
+            parsed("repo.pkg.ws"),
+            ("repo".into(), "pkg".into(), "ws".into())
+        );
+        assert_eq!(
+            parsed("repo.a.b.c.pkg.main"),
+            ("repo".into(), "a/b/c/pkg".into(), "main".into())
+        );
     }
 
     #[test]
     fn parses_the_legacy_semver_workspace() {
-        assert_eq!(parsed("repo.pkg.v1.2"), ("repo".into(), "pkg".into(), "v1.2".into()));
-        assert_eq!(parsed("repo.a.pkg.v1.2.3"), ("repo".into(), "a/pkg".into(), "v1.2.3".into()));
+        assert_eq!(
+            parsed("repo.pkg.v1.2"),
+            ("repo".into(), "pkg".into(), "v1.2".into())
+        );
+        assert_eq!(
+            parsed("repo.a.pkg.v1.2.3"),
+            ("repo".into(), "a/pkg".into(), "v1.2.3".into())
+        );
         // `v1` alone is an ordinary workspace; `1.2` without `v` is not legacy
-        assert_eq!(parsed("repo.pkg.v1"), ("repo".into(), "pkg".into(), "v1".into()));
-        assert_eq!(parsed("repo.pkg.1.2"), ("repo".into(), "pkg.1".replace('.', "/"), "2".into()));
+        assert_eq!(
+            parsed("repo.pkg.v1"),
+            ("repo".into(), "pkg".into(), "v1".into())
+        );
+        assert_eq!(
+            parsed("repo.pkg.1.2"),
+            ("repo".into(), "pkg.1".replace('.', "/"), "2".into())
+        );
     }
 
     #[test]
     fn compose_and_parse_are_inverse() {
-        for (r, p, w) in [("a", "b", "c"), ("blueprints", "x/y/z", "draft-1"), ("r", "p", "v3.1")] {
+        for (r, p, w) in [
+            ("a", "b", "c"),
+            ("blueprints", "x/y/z", "draft-1"),
+            ("r", "p", "v3.1"),
+        ] {
             let name = RevisionName::compose(r, p, w);
             assert_eq!(parsed(&name), (r.into(), p.into(), w.into()));
         }
@@ -299,15 +485,34 @@ mod tests {
 
     #[test]
     fn rejects_bad_names() {
-        for bad in ["", "a.b", "Repo.pkg.ws", "repo..ws", "repo.pkg.ws.", "-r.pkg.ws", "r.p_kg.ws", "r.pkg.v1.2."] {
+        for bad in [
+            "",
+            "a.b",
+            "Repo.pkg.ws",
+            "repo..ws",
+            "repo.pkg.ws.",
+            "-r.pkg.ws",
+            "r.p_kg.ws",
+            "r.pkg.v1.2.",
+        ] {
             assert!(RevisionName::parse(bad).is_err(), "{bad:?} accepted");
         }
         let long = format!("r.{}.ws", "p".repeat(250));
-        assert!(matches!(RevisionName::parse(&long), Err(NameError::TooLong { .. })));
+        assert!(matches!(
+            RevisionName::parse(&long),
+            Err(NameError::TooLong { .. })
+        ));
         let long_label = format!("r.{}.ws", "p".repeat(64));
-        assert!(matches!(RevisionName::parse(&long_label), Err(NameError::TooLong { .. })));
+        assert!(matches!(
+            RevisionName::parse(&long_label),
+            Err(NameError::TooLong { .. })
+        ));
         let err = RevisionName::parse("a.b").expect_err("two parts");
-        assert!(err.to_string().contains("<repository>.<package path>.<workspace>"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("<repository>.<package path>.<workspace>"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -334,9 +539,72 @@ mod tests {
             assert!(err.to_string().contains(message), "{bad:?}: {err}");
         }
         let deep = vec!["a"; MAX_PACKAGE_DEPTH + 1].join("/");
-        assert!(matches!(validate_package_path(&deep), Err(NameError::TooDeep { .. })));
+        assert!(matches!(
+            validate_package_path(&deep),
+            Err(NameError::TooDeep { .. })
+        ));
         let long = "a".repeat(300);
-        assert!(matches!(validate_package_path(&long), Err(NameError::TooLong { .. })));
+        assert!(matches!(
+            validate_package_path(&long),
+            Err(NameError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn git_urls() {
+        for ok in [
+            "https://github.com/kptdev/kpt.git",
+            "http://127.0.0.1:8080/repo.git",
+            "ssh://git@example.com/x.git",
+            "git@github.com:org/repo.git",
+            "file:///srv/git/repo.git",
+            "https://token@example.com/r.git",
+        ] {
+            validate_git_url(ok).expect(ok);
+        }
+        let cases = [
+            ("", "empty"),
+            ("ftp://example.com/r", "scheme"),
+            ("https://user:secret@example.com/r.git", "Secret"),
+            ("https:///path", "host"),
+            ("file://relative/path", "absolute"),
+            ("https://exa mple.com/r", "whitespace"),
+            ("just-a-word", "user@host:path"),
+        ];
+        for (bad, why) in cases {
+            let err = validate_git_url(bad).expect_err(bad);
+            assert!(err.to_string().contains(why), "{bad:?}: {err}");
+        }
+        assert!(validate_git_url(&format!("https://h/{}", "a".repeat(3000))).is_err());
+    }
+
+    #[test]
+    fn branches_and_directories() {
+        for ok in ["main", "release/v1.2", "feature_x-1"] {
+            validate_branch_name(ok).expect(ok);
+        }
+        for bad in [
+            "",
+            "illegal$$$Characters",
+            "a..b",
+            "-x",
+            "x.lock",
+            "a//b",
+            "/a",
+            "a/",
+            ".hidden",
+            "with space",
+        ] {
+            assert!(validate_branch_name(bad).is_err(), "{bad:?} accepted");
+        }
+        for ok in ["", "/", "/blueprints", "a/b/", "pkgs"] {
+            validate_repo_directory(ok).expect(ok);
+        }
+        for bad in [
+            "../up", "a/../b", "a//b", ".git", "a/.git/x", "a\\b", "a\u{1}",
+        ] {
+            assert!(validate_repo_directory(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]
@@ -347,6 +615,10 @@ mod tests {
         assert!(is_dns1123_subdomain("a.b-c.d"));
         assert!(!is_dns1123_subdomain("a..b"));
         let err = validate_label("workspace", "Bad_Name").expect_err("bad");
-        assert!(err.to_string().contains("workspace \"Bad_Name\" is not a DNS-1123 label"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("workspace \"Bad_Name\" is not a DNS-1123 label"),
+            "{err}"
+        );
     }
 }

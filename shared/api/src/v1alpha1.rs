@@ -30,7 +30,11 @@ use std::collections::BTreeMap;
     served = true,
     doc = "A revision of a kpt package (v1alpha1 shape, converted from v1alpha2).",
     printcolumn(name = "Package", type_ = "string", json_path = ".spec.packageName"),
-    printcolumn(name = "WorkspaceName", type_ = "string", json_path = ".spec.workspaceName"),
+    printcolumn(
+        name = "WorkspaceName",
+        type_ = "string",
+        json_path = ".spec.workspaceName"
+    ),
     printcolumn(name = "Revision", type_ = "integer", json_path = ".spec.revision"),
     printcolumn(
         name = "Latest",
@@ -180,7 +184,11 @@ pub struct PackageRevisionStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub published_by: String,
     /// JSON name `publishTimestamp` (v1alpha2: `publishedAt`).
-    #[serde(default, rename = "publishTimestamp", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "publishTimestamp",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub publish_timestamp: Option<Time>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub deployment: bool,

@@ -27,7 +27,11 @@ use serde::{Deserialize, Serialize};
     served = true,
     doc = "A revision of a kpt package in a registered repository.",
     printcolumn(name = "Package", type_ = "string", json_path = ".spec.packageName"),
-    printcolumn(name = "WorkspaceName", type_ = "string", json_path = ".spec.workspaceName"),
+    printcolumn(
+        name = "WorkspaceName",
+        type_ = "string",
+        json_path = ".spec.workspaceName"
+    ),
     printcolumn(name = "Revision", type_ = "string", json_path = ".status.revision"),
     printcolumn(
         name = "Latest",
@@ -36,7 +40,11 @@ use serde::{Deserialize, Serialize};
     ),
     printcolumn(name = "Lifecycle", type_ = "string", json_path = ".spec.lifecycle"),
     printcolumn(name = "Repository", type_ = "string", json_path = ".spec.repository"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
     selectable = ".spec.lifecycle",
     selectable = ".spec.repository",
     selectable = ".spec.packageName",

@@ -59,33 +59,47 @@ fn init_fields() -> impl Strategy<Value = (String, String, Vec<String>, String)>
 }
 
 fn source() -> impl Strategy<Value = PackageSource> {
-    let init = init_fields().prop_map(|(subpackage, description, keywords, site)| v2::InitSpec {
-        subpackage,
-        description,
-        keywords,
-        site,
-    }).boxed();
-    let clone = (of(repo_type()), of(git_package()), of(name_ref())).prop_map(
-        |(type_, git, upstream_ref)| v2::CloneSpec {
+    let init = init_fields()
+        .prop_map(|(subpackage, description, keywords, site)| v2::InitSpec {
+            subpackage,
+            description,
+            keywords,
+            site,
+        })
+        .boxed();
+    let clone = (of(repo_type()), of(git_package()), of(name_ref()))
+        .prop_map(|(type_, git, upstream_ref)| v2::CloneSpec {
             type_,
             git,
             upstream_ref,
-        },
-    ).boxed();
-    let upgrade = (name_ref(), name_ref(), name_ref(), of(strategy())).prop_map(|(o, n, c, s)| {
-        v2::UpgradeSpec {
+        })
+        .boxed();
+    let upgrade = (name_ref(), name_ref(), name_ref(), of(strategy()))
+        .prop_map(|(o, n, c, s)| v2::UpgradeSpec {
             old_upstream: o,
             new_upstream: n,
             current_package: c,
             strategy: s,
-        }
-    }).boxed();
+        })
+        .boxed();
     // weighted towards exactly one member, but zero and several happen too
     let one = prop_oneof![
-        init.clone().prop_map(|i| PackageSource { init: Some(i), ..Default::default() }),
-        clone.clone().prop_map(|c| PackageSource { clone_from: Some(c), ..Default::default() }),
-        name_ref().prop_map(|c| PackageSource { copy_from: Some(c), ..Default::default() }),
-        upgrade.clone().prop_map(|u| PackageSource { upgrade: Some(u), ..Default::default() }),
+        init.clone().prop_map(|i| PackageSource {
+            init: Some(i),
+            ..Default::default()
+        }),
+        clone.clone().prop_map(|c| PackageSource {
+            clone_from: Some(c),
+            ..Default::default()
+        }),
+        name_ref().prop_map(|c| PackageSource {
+            copy_from: Some(c),
+            ..Default::default()
+        }),
+        upgrade.clone().prop_map(|u| PackageSource {
+            upgrade: Some(u),
+            ..Default::default()
+        }),
     ];
     let any = (of(init), of(clone), of(name_ref()), of(upgrade)).prop_map(|(i, c, cp, u)| {
         PackageSource {
@@ -134,7 +148,14 @@ fn package_condition() -> impl Strategy<Value = PackageCondition> {
 }
 
 fn condition() -> impl Strategy<Value = Condition> {
-    (some_word(), time(), ".{0,12}", of(0i64..100), some_word(), prop::sample::select(vec!["True", "False", "Unknown"]))
+    (
+        some_word(),
+        time(),
+        ".{0,12}",
+        of(0i64..100),
+        some_word(),
+        prop::sample::select(vec!["True", "False", "Unknown"]),
+    )
         .prop_map(|(type_, t, message, og, reason, status)| Condition {
             type_,
             last_transition_time: t,
@@ -146,12 +167,21 @@ fn condition() -> impl Strategy<Value = Condition> {
 }
 
 fn package_metadata() -> impl Strategy<Value = PackageMetadata> {
-    (btree_map(some_word(), word(), 0..3), btree_map(some_word(), word(), 0..3))
-        .prop_map(|(labels, annotations)| PackageMetadata { labels, annotations })
+    (
+        btree_map(some_word(), word(), 0..3),
+        btree_map(some_word(), word(), 0..3),
+    )
+        .prop_map(|(labels, annotations)| PackageMetadata {
+            labels,
+            annotations,
+        })
 }
 
 fn readiness_gates() -> impl Strategy<Value = Vec<ReadinessGate>> {
-    vec(word().prop_map(|condition_type| ReadinessGate { condition_type }), 0..3)
+    vec(
+        word().prop_map(|condition_type| ReadinessGate { condition_type }),
+        0..3,
+    )
 }
 
 /// Labels, sometimes with either latest-revision key and any value.
@@ -178,16 +208,21 @@ fn labels() -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
 /// key of the *other* version, which conversion must carry through. (A
 /// foreign value under an object's own incoming stash key is refused by
 /// admission, see `convert::check_reserved_annotations`.)
-fn annotations(foreign_key: &'static str) -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
+fn annotations(
+    foreign_key: &'static str,
+) -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
     let foreign = prop::sample::select(vec!["x", "{}", "{\"parent\":", "null", "[]"]);
-    (btree_map("note-[a-z]{1,4}", ".{0,10}", 0..3), prop::bool::weighted(0.15), foreign).prop_map(
-        move |(mut m, with_foreign, value)| {
+    (
+        btree_map("note-[a-z]{1,4}", ".{0,10}", 0..3),
+        prop::bool::weighted(0.15),
+        foreign,
+    )
+        .prop_map(move |(mut m, with_foreign, value)| {
             if with_foreign {
                 m.insert(foreign_key.to_owned(), value.to_owned());
             }
             (!m.is_empty()).then_some(m)
-        },
-    )
+        })
 }
 
 fn metadata(foreign_key: &'static str) -> impl Strategy<Value = ObjectMeta> {
@@ -201,18 +236,22 @@ fn metadata(foreign_key: &'static str) -> impl Strategy<Value = ObjectMeta> {
         of(vec(some_word(), 1..3)),
         of(time()),
     )
-        .prop_map(|(name, namespace, uid, generation, labels, annotations, finalizers, created)| ObjectMeta {
-            name: Some(name),
-            namespace,
-            uid,
-            generation,
-            labels,
-            annotations,
-            finalizers,
-            creation_timestamp: created,
-            resource_version: Some("42".to_owned()),
-            ..ObjectMeta::default()
-        })
+        .prop_map(
+            |(name, namespace, uid, generation, labels, annotations, finalizers, created)| {
+                ObjectMeta {
+                    name: Some(name),
+                    namespace,
+                    uid,
+                    generation,
+                    labels,
+                    annotations,
+                    finalizers,
+                    creation_timestamp: created,
+                    resource_version: Some("42".to_owned()),
+                    ..ObjectMeta::default()
+                }
+            },
+        )
 }
 
 prop_compose! {
@@ -285,51 +324,84 @@ fn task() -> impl Strategy<Value = Task> {
         TaskType::Push,
         TaskType::Unspecified,
     ]);
-    let init = init_fields().prop_map(|(subpackage, description, keywords, site)| v1::InitTaskSpec {
-        subpackage,
-        description,
-        keywords,
-        site,
-    }).boxed();
-    let clone = (of(repo_type()), of(git_package()), of(word()), of(name_ref())).prop_map(
-        |(type_, git, oci, upstream_ref)| v1::CloneTaskSpec {
+    let init = init_fields()
+        .prop_map(
+            |(subpackage, description, keywords, site)| v1::InitTaskSpec {
+                subpackage,
+                description,
+                keywords,
+                site,
+            },
+        )
+        .boxed();
+    let clone = (
+        of(repo_type()),
+        of(git_package()),
+        of(word()),
+        of(name_ref()),
+    )
+        .prop_map(|(type_, git, oci, upstream_ref)| v1::CloneTaskSpec {
             upstream: v1::UpstreamPackage {
                 type_,
                 git,
                 oci: oci.map(|image| v1::OciPackage { image }),
                 upstream_ref,
             },
-        },
-    ).boxed();
-    let edit = of(name_ref()).prop_map(|source| v1::EditTaskSpec { source }).boxed();
-    let upgrade = (name_ref(), name_ref(), name_ref(), of(strategy())).prop_map(|(o, n, l, s)| {
-        v1::UpgradeTaskSpec {
+        })
+        .boxed();
+    let edit = of(name_ref())
+        .prop_map(|source| v1::EditTaskSpec { source })
+        .boxed();
+    let upgrade = (name_ref(), name_ref(), name_ref(), of(strategy()))
+        .prop_map(|(o, n, l, s)| v1::UpgradeTaskSpec {
             old_upstream_ref: o,
             new_upstream_ref: n,
             local_package_revision_ref: l,
             strategy: s,
-        }
-    }).boxed();
+        })
+        .boxed();
     // mostly well-formed tasks (payload matching the type), sometimes anything
     let matching = prop_oneof![
-        init.clone().prop_map(|i| Task { type_: TaskType::Init, init: Some(i), ..Default::default() }),
-        clone.clone().prop_map(|c| Task { type_: TaskType::Clone, clone: Some(c), ..Default::default() }),
-        edit.clone().prop_map(|e| Task { type_: TaskType::Edit, edit: Some(e), ..Default::default() }),
-        upgrade.clone().prop_map(|u| Task { type_: TaskType::Upgrade, upgrade: Some(u), ..Default::default() }),
+        init.clone().prop_map(|i| Task {
+            type_: TaskType::Init,
+            init: Some(i),
+            ..Default::default()
+        }),
+        clone.clone().prop_map(|c| Task {
+            type_: TaskType::Clone,
+            clone: Some(c),
+            ..Default::default()
+        }),
+        edit.clone().prop_map(|e| Task {
+            type_: TaskType::Edit,
+            edit: Some(e),
+            ..Default::default()
+        }),
+        upgrade.clone().prop_map(|u| Task {
+            type_: TaskType::Upgrade,
+            upgrade: Some(u),
+            ..Default::default()
+        }),
     ];
-    let anything = (ty, of(init), of(clone), of(edit), of(upgrade)).prop_map(|(type_, init, clone, edit, upgrade)| Task {
-        type_,
-        init,
-        clone,
-        edit,
-        upgrade,
-    });
+    let anything = (ty, of(init), of(clone), of(edit), of(upgrade)).prop_map(
+        |(type_, init, clone, edit, upgrade)| Task {
+            type_,
+            init,
+            clone,
+            edit,
+            upgrade,
+        },
+    );
     prop_oneof![3 => matching, 1 => anything]
 }
 
 fn render_status() -> impl Strategy<Value = v1::RenderStatus> {
-    let item = (".{0,10}", prop::sample::select(vec!["", "error", "info"]), of(0i64..3)).prop_map(
-        |(message, severity, idx)| v1::ResultItem {
+    let item = (
+        ".{0,10}",
+        prop::sample::select(vec!["", "error", "info"]),
+        of(0i64..3),
+    )
+        .prop_map(|(message, severity, idx)| v1::ResultItem {
             message,
             severity: severity.to_owned(),
             file: idx.map(|index| v1::FileRef {
@@ -342,19 +414,20 @@ fn render_status() -> impl Strategy<Value = v1::RenderStatus> {
                 proposed_value: None,
             }),
             ..Default::default()
-        },
-    );
-    let result = (0i64..2, vec((word(), vec(item, 0..2)), 0..2)).prop_map(|(exit_code, fns)| v1::ResultList {
-        exit_code,
-        items: fns
-            .into_iter()
-            .map(|(image, results)| v1::FunctionResult {
-                image,
-                exit_code,
-                results,
-                ..Default::default()
-            })
-            .collect(),
+        });
+    let result = (0i64..2, vec((word(), vec(item, 0..2)), 0..2)).prop_map(|(exit_code, fns)| {
+        v1::ResultList {
+            exit_code,
+            items: fns
+                .into_iter()
+                .map(|(image, results)| v1::FunctionResult {
+                    image,
+                    exit_code,
+                    results,
+                    ..Default::default()
+                })
+                .collect(),
+        }
     });
     (of(result), word()).prop_map(|(result, error)| v1::RenderStatus { result, error })
 }
@@ -462,7 +535,10 @@ fn published_v2() -> v2::PackageRevision {
             ..Default::default()
         },
     );
-    obj.metadata.labels = Some(BTreeMap::from([(LATEST_REVISION_LABEL.into(), "true".into())]));
+    obj.metadata.labels = Some(BTreeMap::from([(
+        LATEST_REVISION_LABEL.into(),
+        "true".into(),
+    )]));
     obj.status = Some(v2::PackageRevisionStatus {
         revision: Some(1),
         creation_source: "init".into(),
@@ -479,37 +555,63 @@ fn fields_map_to_their_v1alpha1_homes() {
     assert_eq!(v1.spec.tasks.len(), 1);
     assert_eq!(v1.spec.tasks[0].type_, TaskType::Init);
     assert_eq!(
-        v1.spec.tasks[0].init.as_ref().map(|i| i.description.as_str()),
+        v1.spec.tasks[0]
+            .init
+            .as_ref()
+            .map(|i| i.description.as_str()),
         Some("basens description")
     );
     let labels = v1.metadata.labels.clone().unwrap_or_default();
-    assert_eq!(labels.get(V1ALPHA1_LATEST_REVISION_LABEL).map(String::as_str), Some("true"));
+    assert_eq!(
+        labels
+            .get(V1ALPHA1_LATEST_REVISION_LABEL)
+            .map(String::as_str),
+        Some("true")
+    );
     assert!(!labels.contains_key(LATEST_REVISION_LABEL));
     let stash = &v1.metadata.annotations.as_ref().expect("stash")[V1ALPHA2_FIELDS_ANNOTATION];
     assert_eq!(stash, r#"{"creationSource":"init"}"#);
-    assert_eq!(v1.status.as_ref().map(|s| s.published_by.as_str()), Some("alice@example.com"));
+    assert_eq!(
+        v1.status.as_ref().map(|s| s.published_by.as_str()),
+        Some("alice@example.com")
+    );
 }
 
 #[test]
 fn latest_false_has_no_v1alpha1_label_but_comes_back() {
     let mut obj = published_v2();
-    obj.metadata.labels = Some(BTreeMap::from([(LATEST_REVISION_LABEL.into(), "false".into())]));
+    obj.metadata.labels = Some(BTreeMap::from([(
+        LATEST_REVISION_LABEL.into(),
+        "false".into(),
+    )]));
     let v1 = to_v1alpha1(&obj).expect("convert");
     assert_eq!(v1.metadata.labels, None);
-    assert_eq!(to_v1alpha2(&v1).expect("back").metadata.labels, obj.metadata.labels);
+    assert_eq!(
+        to_v1alpha2(&v1).expect("back").metadata.labels,
+        obj.metadata.labels
+    );
 }
 
 #[test]
 fn an_edit_through_v1alpha1_wins_over_a_stale_stash() {
     // "false" is stashed; a v1alpha1 client then marks the revision latest
     let mut obj = published_v2();
-    obj.metadata.labels = Some(BTreeMap::from([(LATEST_REVISION_LABEL.into(), "false".into())]));
+    obj.metadata.labels = Some(BTreeMap::from([(
+        LATEST_REVISION_LABEL.into(),
+        "false".into(),
+    )]));
     let mut v1 = to_v1alpha1(&obj).expect("convert");
-    v1.metadata.labels = Some(BTreeMap::from([(V1ALPHA1_LATEST_REVISION_LABEL.into(), "true".into())]));
+    v1.metadata.labels = Some(BTreeMap::from([(
+        V1ALPHA1_LATEST_REVISION_LABEL.into(),
+        "true".into(),
+    )]));
     let back = to_v1alpha2(&v1).expect("back");
     assert_eq!(
         back.metadata.labels,
-        Some(BTreeMap::from([(LATEST_REVISION_LABEL.into(), "true".into())]))
+        Some(BTreeMap::from([(
+            LATEST_REVISION_LABEL.into(),
+            "true".into()
+        )]))
     );
 }
 
@@ -520,14 +622,32 @@ fn extra_tasks_and_parent_survive_v1alpha2() {
     obj.spec.tasks = vec![
         Task {
             type_: TaskType::Edit,
-            edit: Some(v1::EditTaskSpec { source: Some(NameRef { name: "r.p.v1".into() }) }),
+            edit: Some(v1::EditTaskSpec {
+                source: Some(NameRef {
+                    name: "r.p.v1".into(),
+                }),
+            }),
             ..Default::default()
         },
-        Task { type_: TaskType::Render, ..Default::default() },
+        Task {
+            type_: TaskType::Render,
+            ..Default::default()
+        },
     ];
     let up = to_v1alpha2(&obj).expect("up");
     // the first task is still the source in v1alpha2
-    assert_eq!(up.spec.source.as_ref().and_then(|s| s.copy_from.clone()), Some(NameRef { name: "r.p.v1".into() }));
-    assert!(up.metadata.annotations.as_ref().expect("stash").contains_key(V1ALPHA1_FIELDS_ANNOTATION));
+    assert_eq!(
+        up.spec.source.as_ref().and_then(|s| s.copy_from.clone()),
+        Some(NameRef {
+            name: "r.p.v1".into()
+        })
+    );
+    assert!(
+        up.metadata
+            .annotations
+            .as_ref()
+            .expect("stash")
+            .contains_key(V1ALPHA1_FIELDS_ANNOTATION)
+    );
     assert_eq!(to_v1alpha1(&up).expect("down"), obj);
 }

@@ -1,0 +1,72 @@
+//! Prometheus metrics: requests and latency by endpoint and result.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Labels of every webhook metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: &'static str,
+    /// `allowed`, `denied`, `patched`, `converted`, `failed`, `invalid`, `ok`.
+    pub result: &'static str,
+}
+
+/// The registry and the metric families in it.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RequestLabels, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
+            // 50 µs .. ~1.6 s
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.00005, 2.0, 16,
+            ))
+        });
+        let mut registry = Registry::with_prefix("porch_webhooks");
+        registry.register(
+            "requests",
+            "Webhook requests by endpoint and result",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to answer a webhook request",
+            latency.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            requests,
+            latency,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one answered request.
+    pub fn observe(&self, endpoint: &'static str, result: &'static str, elapsed: Duration) {
+        let labels = RequestLabels { endpoint, result };
+        self.requests.get_or_create(&labels).inc();
+        self.latency
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // writing to a String cannot fail
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
