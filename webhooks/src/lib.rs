@@ -144,7 +144,26 @@ async fn decide_validate(
     }
 }
 
-async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<Review> {
+/// Encodes an admission review for the apiserver: `response.patch` as base64
+/// (kube serialises the bytes as a number array, kube-rs/kube#1781).
+pub fn encode_admission(review: Review) -> serde_json::Value {
+    use base64::Engine as _;
+    let patch = review.response.as_ref().and_then(|r| r.patch.clone());
+    let mut value = serde_json::to_value(&review).unwrap_or_else(|e| {
+        serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": "", "allowed": false, "status": {"message": format!("failed to encode the response: {e}")}}
+        })
+    });
+    if let Some(patch) = patch {
+        value["response"]["patch"] =
+            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(patch));
+    }
+    value
+}
+
+async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
     let start = Instant::now();
     let (response, result) = match parse_admission(&body) {
         Err(invalid) => (invalid, "invalid"),
@@ -159,7 +178,7 @@ async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<Re
         }
     };
     state.metrics.observe("validate", result, start.elapsed());
-    Json(response.into_review())
+    Json(encode_admission(response.into_review()))
 }
 
 fn decide_mutate(
@@ -183,14 +202,14 @@ fn decide_mutate(
     }
 }
 
-async fn mutate_handler(State(state): State<AppState>, body: Bytes) -> Json<Review> {
+async fn mutate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
     let start = Instant::now();
     let (response, result) = match parse_admission(&body) {
         Err(invalid) => (invalid, "invalid"),
         Ok(req) => decide_mutate(&state, &req),
     };
     state.metrics.observe("mutate", result, start.elapsed());
-    Json(response.into_review())
+    Json(encode_admission(response.into_review()))
 }
 
 async fn convert_handler(State(state): State<AppState>, body: Bytes) -> impl IntoResponse {

@@ -32,8 +32,16 @@ pub enum NameError {
         "{what} {value:?} is not a DNS-1123 subdomain: use lowercase letters, digits, '-' and '.'"
     )]
     NotSubdomain { what: &'static str, value: String },
-    #[error("package name {value:?} must be a relative path: {reason}")]
-    UnsafePath { value: String, reason: &'static str },
+    #[error("{what} {value:?} must be a relative path: {reason}")]
+    UnsafePath {
+        what: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error(
+        "branch {value:?} is not a valid branch name: use letters, digits, '.', '_', '-' and '/', with no '..', no empty or dot-led segments, and no '.lock' ending"
+    )]
+    BadBranch { value: String },
     #[error("package name {value:?} has more than {max} path segments")]
     TooDeep { value: String, max: usize },
     #[error(
@@ -91,6 +99,7 @@ pub fn validate_label(what: &'static str, value: &str) -> Result<(), NameError> 
 /// characters, too many segments, or a segment that is not a label.
 pub fn validate_package_path(value: &str) -> Result<(), NameError> {
     let unsafe_path = |reason| NameError::UnsafePath {
+        what: "package name",
         value: truncate(value),
         reason,
     };
@@ -218,8 +227,7 @@ pub struct UrlError {
 /// # Errors
 /// Any character or placement git would refuse, or longer than 255.
 pub fn validate_branch_name(value: &str) -> Result<(), NameError> {
-    let bad = || NameError::NotLabel {
-        what: "branch",
+    let bad = || NameError::BadBranch {
         value: truncate(value),
     };
     if value.is_empty() {
@@ -256,6 +264,7 @@ pub fn validate_branch_name(value: &str) -> Result<(), NameError> {
 /// Any of the above, or longer than 1024.
 pub fn validate_repo_directory(value: &str) -> Result<(), NameError> {
     let unsafe_path = |reason| NameError::UnsafePath {
+        what: "directory",
         value: truncate(value),
         reason,
     };
