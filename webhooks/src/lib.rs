@@ -66,9 +66,9 @@ pub fn router(state: AppState) -> Router {
 type Review = AdmissionReview<DynamicObject>;
 
 /// Parses an AdmissionReview `v1` with a request, or says why not.
-fn parse_admission(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, AdmissionResponse> {
+fn parse_admission(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Box<AdmissionResponse>> {
     let review: Review = serde_json::from_slice(body)
-        .map_err(|e| AdmissionResponse::invalid(format!("invalid AdmissionReview: {e}")))?;
+        .map_err(|e| Box::new(AdmissionResponse::invalid(format!("invalid AdmissionReview: {e}"))))?;
     let uid = review
         .request
         .as_ref()
@@ -80,11 +80,11 @@ fn parse_admission(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Admis
             review.types.api_version, review.types.kind
         ));
         response.uid = uid;
-        return Err(response);
+        return Err(Box::new(response));
     }
     review
         .try_into()
-        .map_err(|_| AdmissionResponse::invalid("AdmissionReview has no request"))
+        .map_err(|_| Box::new(AdmissionResponse::invalid("AdmissionReview has no request")))
 }
 
 fn unsupported_kind(req: &AdmissionRequest<DynamicObject>) -> String {
@@ -166,7 +166,7 @@ pub fn encode_admission(review: Review) -> serde_json::Value {
 async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
     let start = Instant::now();
     let (response, result) = match parse_admission(&body) {
-        Err(invalid) => (invalid, "invalid"),
+        Err(invalid) => (*invalid, "invalid"),
         Ok(req) => {
             let response = decide_validate(&state, &req).await;
             let result = if response.allowed {
@@ -205,7 +205,7 @@ fn decide_mutate(
 async fn mutate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
     let start = Instant::now();
     let (response, result) = match parse_admission(&body) {
-        Err(invalid) => (invalid, "invalid"),
+        Err(invalid) => (*invalid, "invalid"),
         Ok(req) => decide_mutate(&state, &req),
     };
     state.metrics.observe("mutate", result, start.elapsed());

@@ -1,5 +1,7 @@
 //! `porch.kpt.dev/v1alpha1` PackageRevision, served as a CRD version beside
 //! v1alpha2 and converted by the webhook (spec §2.1).
+// `printcolumn(.., type_ = "string", ..)` repeats by design.
+#![allow(clippy::duplicated_attributes)]
 
 use crate::common::{
     GitPackage, Lifecycle, Locator, NameRef, PackageCondition, PackageMetadata, ReadinessGate,

@@ -1,4 +1,6 @@
 //! `porch.kpt.dev/v1alpha2` PackageRevision: the storage version (spec §1).
+// `printcolumn(.., type_ = "string", ..)` repeats by design.
+#![allow(clippy::duplicated_attributes)]
 
 use crate::common::{
     GitPackage, Lifecycle, Locator, NameRef, PackageCondition, PackageMetadata, ReadinessGate,
