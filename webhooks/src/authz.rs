@@ -9,6 +9,9 @@ use kube::api::PostParams;
 use std::future::Future;
 use std::pin::Pin;
 
+/// Longest wait for a SubjectAccessReview.
+pub const SAR_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// The answer to "may this user approve this revision?".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -31,6 +34,8 @@ pub enum AuthzError {
     Kube(#[source] kube::Error),
     #[error("no Kubernetes client is configured: {0}")]
     NoClient(String),
+    #[error("the SubjectAccessReview took longer than {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 /// A boxed future, so authorizers can live behind `dyn`.
@@ -90,10 +95,14 @@ impl Authorizer for SubjectAccessReviewAuthorizer {
     fn can_approve<'a>(&'a self, request: ApprovalRequest<'a>) -> AuthzFuture<'a> {
         Box::pin(async move {
             let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
-            let answer = api
-                .create(&PostParams::default(), &self.review(&request))
-                .await
-                .map_err(AuthzError::Kube)?;
+            // the apiserver gives the whole webhook 2 s: answer within them
+            let answer = tokio::time::timeout(
+                SAR_TIMEOUT,
+                api.create(&PostParams::default(), &self.review(&request)),
+            )
+            .await
+            .map_err(|_| AuthzError::Timeout(SAR_TIMEOUT))?
+            .map_err(AuthzError::Kube)?;
             let status = answer.status.unwrap_or_default();
             if status.allowed && status.denied != Some(true) {
                 return Ok(Decision::Allowed);

@@ -1,7 +1,7 @@
 //! Typed decoding of objects in reviews, with unknown fields reported.
 
-use kube::core::DynamicObject;
 use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
 
 /// An object in a review that is not a valid instance of its kind.
 #[derive(Debug, thiserror::Error)]
@@ -19,29 +19,17 @@ pub enum DecodeError {
     },
 }
 
-/// Decodes an object of a review into its typed form.
-///
-/// # Errors
-/// Wrong types or unknown fields outside `metadata`.
-pub fn decode_object<T: DeserializeOwned>(
-    raw: &DynamicObject,
-    what: &'static str,
-) -> Result<T, DecodeError> {
-    let value =
-        serde_json::to_value(raw).map_err(|source| DecodeError::Invalid { what, source })?;
-    decode_value(&value, what)
-}
-
-/// Decodes a JSON value into its typed form, reporting ignored fields.
+/// Decodes raw JSON into its typed form, reporting ignored fields.
 ///
 /// # Errors
 /// Wrong types or unknown fields outside `metadata`, `apiVersion` and `kind`.
-pub fn decode_value<T: DeserializeOwned>(
-    value: &serde_json::Value,
+pub fn decode_raw<T: DeserializeOwned>(
+    raw: &RawValue,
     what: &'static str,
 ) -> Result<T, DecodeError> {
     let mut unknown = Vec::new();
-    let typed = serde_ignored::deserialize(value, |path| {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    let typed = serde_ignored::deserialize(&mut de, |path| {
         let path = path.to_string();
         let top = path.split('.').next().unwrap_or_default();
         if !matches!(top, "metadata" | "apiVersion" | "kind") {

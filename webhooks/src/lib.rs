@@ -13,6 +13,7 @@ pub mod conversion;
 pub mod decode;
 pub mod metrics;
 pub mod mutate;
+pub mod review;
 pub mod server;
 pub mod validate;
 
@@ -25,9 +26,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use config::WebhookConfig;
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube::core::response::StatusSummary;
+use kube::core::admission::{AdmissionResponse, AdmissionReview};
 use metrics::Metrics;
+use review::AdmissionInput;
 use std::sync::Arc;
 use std::time::Instant;
 use validate::Verdict;
@@ -50,45 +51,29 @@ impl AppState {
     }
 }
 
-/// The webhook router. Bodies over `config.max_body_bytes` get HTTP 413.
+/// The webhook router. Bodies over `config.max_body_bytes` get HTTP 413; at
+/// most `config.max_in_flight` reviews are handled at once (health and
+/// metrics are never queued behind them).
 pub fn router(state: AppState) -> Router {
-    let limit = state.config.max_body_bytes;
-    Router::new()
+    let reviews = Router::new()
         .route("/validate", post(validate_handler))
         .route("/mutate", post(mutate_handler))
         .route("/convert", post(convert_handler))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(
+            state.config.max_in_flight.max(1),
+        ));
+    Router::new()
+        .merge(reviews)
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics_handler))
-        .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
 type Review = AdmissionReview<DynamicObject>;
 
-/// Parses an AdmissionReview `v1` with a request, or says why not.
-fn parse_admission(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Box<AdmissionResponse>> {
-    let review: Review = serde_json::from_slice(body)
-        .map_err(|e| Box::new(AdmissionResponse::invalid(format!("invalid AdmissionReview: {e}"))))?;
-    let uid = review
-        .request
-        .as_ref()
-        .map(|r| r.uid.clone())
-        .unwrap_or_default();
-    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
-        let mut response = AdmissionResponse::invalid(format!(
-            "unsupported review {}/{}: expected admission.k8s.io/v1 AdmissionReview",
-            review.types.api_version, review.types.kind
-        ));
-        response.uid = uid;
-        return Err(Box::new(response));
-    }
-    review
-        .try_into()
-        .map_err(|_| Box::new(AdmissionResponse::invalid("AdmissionReview has no request")))
-}
-
-fn unsupported_kind(req: &AdmissionRequest<DynamicObject>) -> String {
-    let k = &req.kind;
+fn unsupported_kind(input: &AdmissionInput<'_>) -> String {
+    let k = &input.kind;
     format!(
         "unsupported kind {}/{} {}: this webhook handles porch.kpt.dev PackageRevision (v1alpha1, v1alpha2) and config.porch.kpt.dev/v1alpha1 Repository",
         k.group, k.version, k.kind
@@ -107,26 +92,23 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-async fn decide_validate(
-    state: &AppState,
-    req: &AdmissionRequest<DynamicObject>,
-) -> AdmissionResponse {
-    let response = AdmissionResponse::from(req);
+async fn decide_validate(state: &AppState, input: &AdmissionInput<'_>) -> AdmissionResponse {
+    let response = input.allow();
     let verdict = match (
-        req.kind.group.as_str(),
-        req.kind.kind.as_str(),
-        req.kind.version.as_str(),
+        input.kind.group.as_str(),
+        input.kind.kind.as_str(),
+        input.kind.version.as_str(),
     ) {
-        ("porch.kpt.dev", "PackageRevision", _) => validate::package_revision(req, &state.config),
-        ("config.porch.kpt.dev", "Repository", "v1alpha1") => validate::repository(req),
-        _ => Verdict::Deny(unsupported_kind(req)),
+        ("porch.kpt.dev", "PackageRevision", _) => validate::package_revision(input, &state.config),
+        ("config.porch.kpt.dev", "Repository", "v1alpha1") => validate::repository(input),
+        _ => Verdict::Deny(unsupported_kind(input)),
     };
     match verdict {
         Verdict::Allow => response,
         Verdict::Deny(message) => response.deny(message),
         Verdict::NeedsApproval { namespace, name } => {
             let request = ApprovalRequest {
-                user: &req.user_info,
+                user: &input.user_info,
                 namespace: &namespace,
                 name: &name,
             };
@@ -165,10 +147,10 @@ pub fn encode_admission(review: Review) -> serde_json::Value {
 
 async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
     let start = Instant::now();
-    let (response, result) = match parse_admission(&body) {
+    let (response, result) = match review::parse(&body) {
         Err(invalid) => (*invalid, "invalid"),
-        Ok(req) => {
-            let response = decide_validate(&state, &req).await;
+        Ok(input) => {
+            let response = decide_validate(&state, &input).await;
             let result = if response.allowed {
                 "allowed"
             } else {
@@ -183,13 +165,13 @@ async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<se
 
 fn decide_mutate(
     state: &AppState,
-    req: &AdmissionRequest<DynamicObject>,
+    input: &AdmissionInput<'_>,
 ) -> (AdmissionResponse, &'static str) {
-    let response = AdmissionResponse::from(req);
-    if req.kind.group != "porch.kpt.dev" || req.kind.kind != "PackageRevision" {
-        return (response.deny(unsupported_kind(req)), "denied");
+    let response = input.allow();
+    if input.kind.group != "porch.kpt.dev" || input.kind.kind != "PackageRevision" {
+        return (response.deny(unsupported_kind(input)), "denied");
     }
-    match mutate::package_revision(req, &state.config) {
+    match mutate::package_revision(input, &state.config) {
         Ok(ops) if ops.is_empty() => (response, "allowed"),
         Ok(ops) => match response.clone().with_patch(json_patch::Patch(ops)) {
             Ok(patched) => (patched, "patched"),
@@ -204,9 +186,9 @@ fn decide_mutate(
 
 async fn mutate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
     let start = Instant::now();
-    let (response, result) = match parse_admission(&body) {
+    let (response, result) = match review::parse(&body) {
         Err(invalid) => (*invalid, "invalid"),
-        Ok(req) => decide_mutate(&state, &req),
+        Ok(input) => decide_mutate(&state, &input),
     };
     state.metrics.observe("mutate", result, start.elapsed());
     Json(encode_admission(response.into_review()))
@@ -214,17 +196,21 @@ async fn mutate_handler(State(state): State<AppState>, body: Bytes) -> Json<serd
 
 async fn convert_handler(State(state): State<AppState>, body: Bytes) -> impl IntoResponse {
     let start = Instant::now();
-    let review = conversion::review(&body);
-    let ok = review
-        .response
-        .as_ref()
-        .is_some_and(|r| r.result.status == Some(StatusSummary::Success));
-    state.metrics.observe(
-        "convert",
-        if ok { "converted" } else { "failed" },
-        start.elapsed(),
-    );
-    Json(review)
+    // large reviews take milliseconds of CPU: keep them off the I/O threads
+    let answer = if body.len() > 256 * 1024 {
+        tokio::task::spawn_blocking(move || conversion::review(&body))
+            .await
+            .unwrap_or_else(|_| b"{}".to_vec())
+    } else {
+        conversion::review(&body)
+    };
+    let result = if conversion::succeeded(&answer) {
+        "converted"
+    } else {
+        "failed"
+    };
+    state.metrics.observe("convert", result, start.elapsed());
+    ([(CONTENT_TYPE, "application/json")], answer)
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {

@@ -3,7 +3,7 @@
 //! shutdown.
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -242,23 +242,69 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
         .map_err(|source| ServerError::Bind { addr, source })
 }
 
+/// Limits of the HTTPS host against slow, idle and greedy clients.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections served at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Time for a TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Time to send the headers of a request (HTTP/1).
+    pub header_read_timeout: Duration,
+    /// Concurrent HTTP/2 streams per connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 16,
+        }
+    }
+}
+
 /// Serves `router` over TLS on `listener` until `shutdown` completes, then
 /// waits for in-flight connections to finish.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     router: Router,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let graceful = GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(10));
     tokio::pin!(shutdown);
     loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&connections).acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(e) => {
+                    // e.g. out of file descriptors: back off instead of spinning
                     warn!(error = %e, "failed to accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
@@ -267,24 +313,22 @@ pub async fn serve_tls(
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         let watcher = graceful.watcher();
+        let builder = builder.clone();
         tokio::spawn(async move {
-            let tls_stream = match tokio::time::timeout(
-                Duration::from_secs(10),
-                acceptor.accept(stream),
-            )
-            .await
-            {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let builder = auto::Builder::new(TokioExecutor::new());
+            let _permit = permit;
+            let tls_stream =
+                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls_stream), service);
             if let Err(e) = watcher.watch(conn.into_owned()).await {
                 debug!(%peer, error = %e, "connection ended with an error");

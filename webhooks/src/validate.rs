@@ -1,23 +1,33 @@
 //! `/validate`: the admission rules for PackageRevision (both versions) and
 //! Repository, as pure decisions. The one decision that needs I/O (the
 //! approval right) is returned as [`Verdict::NeedsApproval`] for the caller.
+//!
+//! Controllers (the relay, see [`WebhookConfig::controller_users`]) may
+//! create revisions discovered in git (no source, any lifecycle) and manage
+//! the latest-revision label and the conversion annotations; everyone else is
+//! held to every rule.
 
 use crate::config::WebhookConfig;
-use crate::decode::{DecodeError, decode_object};
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, Operation};
-
-use porch_api::convert::{check_stash_annotation, to_v1alpha2};
+use crate::decode::{DecodeError, decode_raw};
+use crate::review::AdmissionInput;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::core::admission::Operation;
+use porch_api::common::RepositoryType;
+use porch_api::convert::{
+    V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, check_stash_annotation, to_v1alpha2,
+};
 use porch_api::lifecycle::{self, Transition};
 use porch_api::naming::{
     RevisionName, validate_branch_name, validate_git_url, validate_label, validate_package_path,
     validate_repo_directory,
 };
-use porch_api::repository::Repository;
+use porch_api::repository::{Repository, RepositorySpec};
 use porch_api::v1alpha2::{PackageRevision, PackageSource};
 use porch_api::{
-    LATEST_REVISION_LABEL, PROPOSED_BY_ANNOTATION, V1ALPHA1_LATEST_REVISION_LABEL, v1alpha1,
+    APPROVED_BY_ANNOTATION, LATEST_REVISION_LABEL, PROPOSED_BY_ANNOTATION,
+    V1ALPHA1_LATEST_REVISION_LABEL, v1alpha1,
 };
+use serde_json::value::RawValue;
 
 /// What the rules decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,56 +53,101 @@ macro_rules! deny {
     };
 }
 
+/// Keys only the package orchestrator writes.
+const MANAGED_LABELS: [&str; 2] = [LATEST_REVISION_LABEL, V1ALPHA1_LATEST_REVISION_LABEL];
+const CONVERSION_ANNOTATIONS: [&str; 2] = [V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION];
+const PROVENANCE_ANNOTATIONS: [&str; 2] = [PROPOSED_BY_ANNOTATION, APPROVED_BY_ANNOTATION];
+
 /// A PackageRevision as the rules see it: always v1alpha2, plus the
 /// v1alpha1 object when the request came in that version.
 struct Revision {
     v2: PackageRevision,
     v1: Option<v1alpha1::PackageRevision>,
-    api_version: String,
+    api_version: &'static str,
 }
 
-fn revision(raw: Option<&DynamicObject>, version: &str, which: &str) -> Result<Revision, Verdict> {
-    let raw = raw.ok_or_else(|| Verdict::Deny(format!("the request has no {which}")))?;
-    match version {
-        "v1alpha2" => Ok(Revision {
-            v2: decode_object(raw, "PackageRevision")?,
-            v1: None,
-            api_version: "porch.kpt.dev/v1alpha2".to_owned(),
-        }),
-        "v1alpha1" => {
-            let v1: v1alpha1::PackageRevision = decode_object(raw, "PackageRevision")?;
-            let v2 = to_v1alpha2(&v1).map_err(|e| Verdict::Deny(e.to_string()))?;
-            Ok(Revision {
-                v2,
-                v1: Some(v1),
-                api_version: "porch.kpt.dev/v1alpha1".to_owned(),
-            })
+impl Revision {
+    fn decode(raw: Option<&RawValue>, version: &str, which: &str) -> Result<Self, Verdict> {
+        let raw = raw.ok_or_else(|| Verdict::Deny(format!("the request has no {which}")))?;
+        match version {
+            "v1alpha2" => Ok(Revision {
+                v2: decode_raw(raw, "PackageRevision")?,
+                v1: None,
+                api_version: "porch.kpt.dev/v1alpha2",
+            }),
+            "v1alpha1" => {
+                let v1: v1alpha1::PackageRevision = decode_raw(raw, "PackageRevision")?;
+                let v2 = to_v1alpha2(&v1).map_err(|e| Verdict::Deny(e.to_string()))?;
+                Ok(Revision {
+                    v2,
+                    v1: Some(v1),
+                    api_version: "porch.kpt.dev/v1alpha1",
+                })
+            }
+            other => Err(Verdict::Deny(format!(
+                "unsupported PackageRevision version {other:?}: expected v1alpha1 or v1alpha2"
+            ))),
         }
-        other => Err(Verdict::Deny(format!(
-            "unsupported PackageRevision version {other:?}: expected v1alpha1 or v1alpha2"
-        ))),
+    }
+
+    /// Metadata as the client sent it (before conversion).
+    fn meta(&self) -> &ObjectMeta {
+        match &self.v1 {
+            Some(v1) => &v1.metadata,
+            None => &self.v2.metadata,
+        }
+    }
+
+    fn label(&self, key: &str) -> Option<&str> {
+        self.meta().labels.as_ref()?.get(key).map(String::as_str)
+    }
+
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.meta()
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+
+    fn terminating(&self) -> bool {
+        self.meta().deletion_timestamp.is_some()
+    }
+
+    /// The spec without the lifecycle, in the version sent, for comparison.
+    fn spec_without_lifecycle(&self) -> serde_json::Value {
+        let mut spec = match &self.v1 {
+            Some(v1) => serde_json::to_value(&v1.spec),
+            None => serde_json::to_value(&self.v2.spec),
+        }
+        .unwrap_or_default();
+        if let Some(map) = spec.as_object_mut() {
+            map.remove("lifecycle");
+        }
+        spec
     }
 }
 
 /// Decides a PackageRevision request.
-pub fn package_revision(req: &AdmissionRequest<DynamicObject>, config: &WebhookConfig) -> Verdict {
-    if req.sub_resource.is_some() {
+pub fn package_revision(input: &AdmissionInput<'_>, config: &WebhookConfig) -> Verdict {
+    if input.sub_resource.is_some() {
         // status and other subresources carry no user-controlled spec
         return Verdict::Allow;
     }
-    let version = req.kind.version.as_str();
-    let controller = config.is_controller(req.user_info.username.as_deref());
-    let result = match req.operation {
-        Operation::Create => revision(req.object.as_ref(), version, "object")
+    let version = input.kind.version.as_str();
+    let controller = config.is_controller(input.username());
+    let result = match input.operation {
+        Operation::Create => Revision::decode(input.object, version, "object")
             .map(|new| check_create(&new, controller)),
-        Operation::Update => revision(req.object.as_ref(), version, "object").and_then(|new| {
-            let old = revision(req.old_object.as_ref(), version, "oldObject")?;
-            Ok(check_update(&old, &new, req, config, controller))
+        Operation::Update => Revision::decode(input.object, version, "object").and_then(|new| {
+            let old = Revision::decode(input.old_object, version, "oldObject")?;
+            Ok(check_update(&old, &new, input, config, controller))
         }),
-        Operation::Delete => match req.old_object.as_ref() {
+        Operation::Delete => match input.old_object {
             // nothing to check without the stored object
             None => Ok(Verdict::Allow),
-            Some(_) => revision(req.old_object.as_ref(), version, "oldObject").map(|old| {
+            Some(_) if config.may_delete_published(input.username()) => Ok(Verdict::Allow),
+            Some(_) => Revision::decode(input.old_object, version, "oldObject").map(|old| {
                 match lifecycle::check_delete(old.v2.spec.lifecycle) {
                     Ok(()) => Verdict::Allow,
                     Err(e) => Verdict::Deny(e.to_string()),
@@ -117,8 +172,21 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
     }
     let composed =
         RevisionName::compose(&spec.repository, &spec.package_name, &spec.workspace_name);
-    if let Err(e) = RevisionName::parse(&composed) {
-        deny!("the composed name {composed:?} is not valid: {e}");
+    match RevisionName::parse(&composed) {
+        Err(e) => deny!("the composed name {composed:?} is not valid: {e}"),
+        Ok(back)
+            if back.package_name != spec.package_name
+                || back.workspace_name != spec.workspace_name =>
+        {
+            deny!(
+                "package {:?} with workspace {:?} composes the name {composed:?}, which reads back as package {:?} with workspace {:?}: choose another workspace name",
+                spec.package_name,
+                spec.workspace_name,
+                back.package_name,
+                back.workspace_name
+            )
+        }
+        Ok(_) => {}
     }
     match new.v2.metadata.name.as_deref() {
         Some(name) if name == composed => {}
@@ -127,9 +195,6 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
         ),
         None => deny!("metadata.name must be set to {composed:?} (generateName is not supported)"),
     }
-    if !controller && let Err(e) = lifecycle::check_create(spec.lifecycle) {
-        deny!("{e}");
-    }
     if let Some(v1) = &new.v1 {
         if v1.spec.tasks.len() > 1 {
             deny!(
@@ -137,11 +202,23 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
                 v1.spec.tasks.len()
             );
         }
-        if v1.spec.tasks.first().is_some_and(|_| spec.source.is_none()) {
+        if !v1.spec.tasks.is_empty() && spec.source.is_none() {
             deny!(
                 "spec.tasks[0] is not a valid source task: use one of init, clone (git or upstreamRef), edit or upgrade with its matching field set"
             );
         }
+        if v1.spec.revision.is_some() && !controller {
+            deny!("spec.revision is set by the package orchestrator and cannot be set");
+        }
+    }
+    if controller {
+        return match &spec.source {
+            Some(source) => check_source(source).map_or_else(Verdict::Deny, |()| Verdict::Allow),
+            None => Verdict::Allow,
+        };
+    }
+    if let Err(e) = lifecycle::check_create(spec.lifecycle) {
+        deny!("{e}");
     }
     match &spec.source {
         Some(source) => {
@@ -150,20 +227,23 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
             }
         }
         // v1alpha1 creates without a task mean "init" (defaulted by /mutate)
-        None if new.v1.is_none() && !controller => deny!(
+        None if new.v1.is_none() => deny!(
             "spec.source is required: set exactly one of init, cloneFrom, copyFrom or upgrade"
         ),
         None => {}
     }
-    if !controller {
-        for key in [LATEST_REVISION_LABEL, V1ALPHA1_LATEST_REVISION_LABEL] {
-            if label(&new.v2, key).is_some() {
-                deny!("label {key} is managed by the package orchestrator and cannot be set");
-            }
+    for key in MANAGED_LABELS {
+        if new.label(key).is_some() {
+            deny!("label {key} is managed by the package orchestrator and cannot be set");
         }
     }
-    if let Err(e) = check_stash_annotation(new_annotations(new), &new.api_version) {
-        deny!("{e}");
+    for key in CONVERSION_ANNOTATIONS
+        .into_iter()
+        .chain(PROVENANCE_ANNOTATIONS)
+    {
+        if new.annotation(key).is_some() {
+            deny!("annotation {key} is written by the package orchestrator and cannot be set");
+        }
     }
     Verdict::Allow
 }
@@ -171,7 +251,7 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
 fn check_update(
     old: &Revision,
     new: &Revision,
-    req: &AdmissionRequest<DynamicObject>,
+    input: &AdmissionInput<'_>,
     config: &WebhookConfig,
     controller: bool,
 ) -> Verdict {
@@ -196,65 +276,75 @@ fn check_update(
             deny!("spec.revision is set by the package orchestrator and cannot be changed");
         }
     }
+    let spec_changed = old.spec_without_lifecycle() != new.spec_without_lifecycle();
+    if old.terminating() && !controller {
+        if spec_changed || o.lifecycle != n.lifecycle {
+            deny!(
+                "the revision is being deleted: only its metadata (finalizers, labels, annotations) may change"
+            );
+        }
+        return Verdict::Allow;
+    }
+    if o.lifecycle.is_some() && n.lifecycle.is_none() {
+        deny!("spec.lifecycle cannot be cleared");
+    }
     let transition = match lifecycle::transition(o.lifecycle, n.lifecycle) {
         Ok(t) => t,
         Err(e) => deny!("{e}"),
     };
-    let mut rest_old = o.clone();
-    let mut rest_new = n.clone();
-    rest_old.lifecycle = None;
-    rest_new.lifecycle = None;
-    if let Err(e) = lifecycle::check_spec_change(o.lifecycle, rest_old != rest_new) {
+    if let Err(e) = lifecycle::check_spec_change(o.lifecycle, spec_changed) {
+        deny!("{e}");
+    }
+    if let Err(e) = check_stash_annotation(new.meta().annotations.as_ref(), new.api_version) {
         deny!("{e}");
     }
     if !controller {
-        for key in [LATEST_REVISION_LABEL, V1ALPHA1_LATEST_REVISION_LABEL] {
-            if label(&old.v2, key) != label(&new.v2, key) {
+        for key in MANAGED_LABELS {
+            if old.label(key) != new.label(key) {
                 deny!(
                     "label {key} is managed by the package orchestrator and cannot be set or changed"
                 );
             }
         }
-    }
-    if let Err(e) = check_stash_annotation(new_annotations(new), &new.api_version) {
-        deny!("{e}");
+        for key in CONVERSION_ANNOTATIONS {
+            if old.annotation(key) != new.annotation(key) {
+                deny!(
+                    "annotation {key} is written by version conversion and cannot be set or changed"
+                );
+            }
+        }
+        let user = input.username().unwrap_or("");
+        for (key, stamped_on) in [
+            (PROPOSED_BY_ANNOTATION, Transition::Propose),
+            (APPROVED_BY_ANNOTATION, Transition::Approve),
+        ] {
+            let expected = if transition == stamped_on {
+                Some(user)
+            } else {
+                old.annotation(key)
+            };
+            if new.annotation(key) != expected {
+                deny!(
+                    "annotation {key} is recorded by the package orchestrator and cannot be set or changed"
+                );
+            }
+        }
     }
     if transition == Transition::Approve {
-        let user = req.user_info.username.as_deref().unwrap_or("");
+        let user = input.username().unwrap_or("");
         if config.approval.deny_self_approval
-            && old
-                .v2
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(PROPOSED_BY_ANNOTATION))
-                .is_some_and(|proposer| proposer == user)
+            && old.annotation(PROPOSED_BY_ANNOTATION) == Some(user)
         {
             deny!(
                 "user {user:?} proposed this revision and may not also approve it: another user with the approve right must approve"
             );
         }
         return Verdict::NeedsApproval {
-            namespace: req.namespace.clone().unwrap_or_default(),
-            name: req.name.clone(),
+            namespace: input.namespace.clone().unwrap_or_default(),
+            name: input.name.clone(),
         };
     }
     Verdict::Allow
-}
-
-fn new_annotations(rev: &Revision) -> Option<&std::collections::BTreeMap<String, String>> {
-    match &rev.v1 {
-        Some(v1) => v1.metadata.annotations.as_ref(),
-        None => rev.v2.metadata.annotations.as_ref(),
-    }
-}
-
-fn label<'a>(obj: &'a PackageRevision, key: &str) -> Option<&'a str> {
-    obj.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
 }
 
 /// Rules on the one source member.
@@ -287,6 +377,12 @@ fn check_source(source: &PackageSource) -> Result<(), String> {
             .map_err(|e| format!("spec.source.init.subpackage: {e}"))?;
     }
     if let Some(clone) = &source.clone_from {
+        if clone.type_ == Some(RepositoryType::Oci) {
+            return Err(
+                "spec.source.cloneFrom.type must be git: OCI upstreams are not supported"
+                    .to_owned(),
+            );
+        }
         match (&clone.upstream_ref, &clone.git) {
             (Some(r), _) => ref_name("spec.source.cloneFrom.upstreamRef.name", &r.name)?,
             (None, Some(git)) => {
@@ -328,28 +424,67 @@ fn check_source(source: &PackageSource) -> Result<(), String> {
     Ok(())
 }
 
-/// Decides a Repository request.
-pub fn repository(req: &AdmissionRequest<DynamicObject>) -> Verdict {
-    if req.sub_resource.is_some() || matches!(req.operation, Operation::Delete | Operation::Connect)
+/// Decides a Repository request. On update only what changed is checked, so
+/// an object stored before a rule existed can still be updated and deleted.
+pub fn repository(input: &AdmissionInput<'_>) -> Verdict {
+    if input.sub_resource.is_some()
+        || matches!(input.operation, Operation::Delete | Operation::Connect)
     {
         return Verdict::Allow;
     }
-    let new: Repository = match req.object.as_ref() {
-        Some(raw) => match decode_object(raw, "Repository") {
+    let new: Repository = match input.object {
+        Some(raw) => match decode_raw(raw, "Repository") {
             Ok(r) => r,
             Err(e) => return e.into(),
         },
         None => deny!("the request has no object"),
     };
-    if let Some(name) = new.metadata.name.as_deref()
+    let old: Option<Repository> = match (input.operation.clone(), input.old_object) {
+        (Operation::Update, Some(raw)) => match decode_raw(raw, "Repository") {
+            Ok(r) => Some(r),
+            Err(e) => return e.into(),
+        },
+        (Operation::Update, None) => deny!("the request has no oldObject"),
+        _ => None,
+    };
+    if old.is_none()
+        && let Some(name) = new.metadata.name.as_deref()
         && let Err(e) = validate_label("Repository name", name)
     {
         deny!("metadata.name: {e}");
     }
     let spec = &new.spec;
-    use porch_api::common::RepositoryType;
-    match (spec.type_, &spec.git, &spec.oci) {
-        (Some(RepositoryType::Git) | None, Some(git), _) => {
+    let effective_type = |s: &RepositorySpec| s.type_.unwrap_or(RepositoryType::Git);
+    if let Some(old) = &old {
+        let o = &old.spec;
+        if effective_type(o) != effective_type(spec) {
+            deny!("spec.type is immutable");
+        }
+        if o.git.is_some() != spec.git.is_some() {
+            deny!("spec.git cannot be added or removed: register a new Repository instead");
+        }
+        if o.oci.is_some() != spec.oci.is_some() {
+            deny!("spec.oci cannot be added or removed: register a new Repository instead");
+        }
+        if let (Some(og), Some(ng)) = (&o.git, &spec.git) {
+            if og.repo != ng.repo {
+                deny!("spec.git.repo is immutable: register a new Repository instead");
+            }
+            if og.branch != ng.branch {
+                deny!("spec.git.branch is immutable: register a new Repository instead");
+            }
+            if og.directory.trim_matches('/') != ng.directory.trim_matches('/') {
+                deny!("spec.git.directory is immutable: register a new Repository instead");
+            }
+        }
+        if o.oci.as_ref().map(|x| &x.registry) != spec.oci.as_ref().map(|x| &x.registry) {
+            deny!("spec.oci.registry is immutable");
+        }
+        // the identity is unchanged; it was checked when it was set
+        return Verdict::Allow;
+    }
+    match (effective_type(spec), &spec.git, &spec.oci) {
+        (RepositoryType::Git, Some(git), _) => {
             if let Err(e) = validate_git_url(&git.repo) {
                 deny!("spec.git.repo: {e}");
             }
@@ -360,49 +495,9 @@ pub fn repository(req: &AdmissionRequest<DynamicObject>) -> Verdict {
                 deny!("spec.git.directory: {e}");
             }
         }
-        (Some(RepositoryType::Git) | None, None, _) => {
-            deny!("spec.git is required for a git repository")
-        }
-        (Some(RepositoryType::Oci), _, Some(oci)) if !oci.registry.is_empty() => {}
-        (Some(RepositoryType::Oci), _, _) => {
-            deny!("spec.oci.registry is required for an oci repository")
-        }
-    }
-    if req.operation == Operation::Update {
-        let old: Repository = match req.old_object.as_ref() {
-            Some(raw) => match decode_object(raw, "Repository") {
-                Ok(r) => r,
-                Err(e) => return e.into(),
-            },
-            None => deny!("the request has no oldObject"),
-        };
-        let (o, n) = (&old.spec, &new.spec);
-        if o.type_.is_some() && o.type_ != n.type_ {
-            deny!("spec.type is immutable");
-        }
-        let git = |s: &porch_api::repository::RepositorySpec| {
-            s.git
-                .as_ref()
-                .map(|g| (g.repo.clone(), g.branch.clone(), g.directory.clone()))
-        };
-        if let (Some((or, ob, od)), Some((nr, nb, nd))) = (git(o), git(n)) {
-            if or != nr {
-                deny!("spec.git.repo is immutable: register a new Repository instead");
-            }
-            if ob != nb {
-                deny!("spec.git.branch is immutable: register a new Repository instead");
-            }
-            if od.trim_matches('/') != nd.trim_matches('/') {
-                deny!("spec.git.directory is immutable: register a new Repository instead");
-            }
-        } else if o.git.is_some() != n.git.is_some() {
-            deny!("spec.git cannot be added or removed: register a new Repository instead");
-        }
-        if o.oci.as_ref().map(|x| &x.registry) != n.oci.as_ref().map(|x| &x.registry)
-            && o.oci.is_some()
-        {
-            deny!("spec.oci.registry is immutable");
-        }
+        (RepositoryType::Git, None, _) => deny!("spec.git is required for a git repository"),
+        (RepositoryType::Oci, _, Some(oci)) if !oci.registry.is_empty() => {}
+        (RepositoryType::Oci, _, _) => deny!("spec.oci.registry is required for an oci repository"),
     }
     Verdict::Allow
 }

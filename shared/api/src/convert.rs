@@ -97,7 +97,14 @@ impl<O: Clone, M: PartialEq> Stashed<O, M> {
 pub enum ConversionError {
     #[error("failed to encode the {0} annotation")]
     Encode(&'static str, #[source] serde_json::Error),
+    #[error(
+        "the fields only the other version can hold take {size} bytes, more than the {MAX_STASH_BYTES} an annotation may carry here: shorten them (e.g. status.renderStatus)"
+    )]
+    TooLarge { size: usize },
 }
+
+/// Largest stash written; Kubernetes allows 256 KiB for all annotations.
+pub const MAX_STASH_BYTES: usize = 128 * 1024;
 
 /// Converts a v1alpha2 PackageRevision to v1alpha1.
 ///
@@ -428,6 +435,9 @@ fn put_stash<T: Serialize + Default + PartialEq + Shadowing>(
         return Ok(());
     }
     let text = serde_json::to_string(&stash).map_err(|e| ConversionError::Encode(key, e))?;
+    if text.len() > MAX_STASH_BYTES {
+        return Err(ConversionError::TooLarge { size: text.len() });
+    }
     annotations.insert(key.to_owned(), text);
     Ok(())
 }
@@ -496,6 +506,21 @@ pub fn check_stash_annotation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_stash_is_an_error_not_a_broken_object() {
+        let mut obj =
+            crate::v1alpha1::PackageRevision::new("r.p.ws", v1::PackageRevisionSpec::default());
+        obj.status = Some(v1::PackageRevisionStatus {
+            render_status: Some(v1::RenderStatus {
+                error: "x".repeat(MAX_STASH_BYTES + 1),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let err = to_v1alpha2(&obj).expect_err("too large");
+        assert!(matches!(err, ConversionError::TooLarge { .. }), "{err}");
+    }
 
     #[test]
     fn foreign_values_under_reserved_keys_are_reported() {

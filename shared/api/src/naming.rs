@@ -174,7 +174,7 @@ pub fn validate_git_url(value: &str) -> Result<(), UrlError> {
             err("use https://, http://, ssh://, git://, file:// or user@host:path")
         })?;
         let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
-        if host.is_empty() || path.is_empty() || host.contains('/') {
+        if host.is_empty() || path.is_empty() || host.contains('/') || host.starts_with('-') {
             return Err(err(
                 "use https://, http://, ssh://, git://, file:// or user@host:path",
             ));
@@ -579,6 +579,7 @@ mod tests {
             ("file://relative/path", "absolute"),
             ("https://exa mple.com/r", "whitespace"),
             ("just-a-word", "user@host:path"),
+            ("-oProxyCommand=x:repo", "user@host:path"),
         ];
         for (bad, why) in cases {
             let err = validate_git_url(bad).expect_err(bad);

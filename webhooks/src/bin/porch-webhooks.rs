@@ -24,8 +24,11 @@ struct Args {
     #[arg(long, env = "PORCH_WEBHOOKS_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
     /// How often to look for new certificate files, in seconds.
-    #[arg(long, env = "PORCH_WEBHOOKS_TLS_RELOAD_SECONDS", default_value_t = 5.0)]
+    #[arg(long, env = "PORCH_WEBHOOKS_TLS_RELOAD_SECONDS", default_value_t = 5.0, value_parser = reload_seconds)]
     tls_reload_seconds: f64,
+    /// Connections served at once.
+    #[arg(long, env = "PORCH_WEBHOOKS_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
     /// Where to write a self-signed pair when no certificate is given.
     #[arg(long, env = "PORCH_WEBHOOKS_SELF_SIGNED_DIR")]
     self_signed_dir: Option<PathBuf>,
@@ -75,12 +78,25 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let cert = ReloadingCert::new(files)?;
-    cert.watch(Duration::from_secs_f64(args.tls_reload_seconds.max(0.05)));
+    cert.watch(Duration::from_secs_f64(args.tls_reload_seconds));
     let tls = server::tls_config(cert)?;
     tracing::info!(%addr, "serving HTTPS");
     eprintln!("listening on https://{addr}");
-    server::serve_tls(listener, tls, app, shutdown_signal()).await;
+    let limits = server::ConnectionLimits {
+        max_connections: args.max_connections,
+        ..server::ConnectionLimits::default()
+    };
+    server::serve_tls(listener, tls, app, limits, shutdown_signal()).await;
     Ok(())
+}
+
+fn reload_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if (0.05..=3600.0).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "{text:?} is not a number of seconds from 0.05 to 3600"
+        )),
+    }
 }
 
 async fn shutdown_signal() {

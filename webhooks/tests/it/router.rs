@@ -117,14 +117,15 @@ async fn metrics_count_requests_by_endpoint_and_result() {
 #[tokio::test]
 async fn self_approval_can_be_forbidden() {
     let mut review = fixture("validate/pass/v1alpha2-update-approve-by-approver.json");
-    review["request"]["oldObject"]["metadata"]["annotations"]["porch.kpt.dev/proposed-by"] =
-        "bob@example.com".into();
+    // bob proposed (as recorded by /mutate) and now approves
+    for object in ["object", "oldObject"] {
+        review["request"][object]["metadata"]["annotations"]["porch.kpt.dev/proposed-by"] =
+            "bob@example.com".into();
+    }
     let body = serde_json::to_vec(&review).expect("json");
     let lenient = state(WebhookConfig::default());
-    assert_eq!(
-        json(&call(&lenient, "POST", "/validate", body.clone()).await.1)["response"]["allowed"],
-        true
-    );
+    let answer = json(&call(&lenient, "POST", "/validate", body.clone()).await.1);
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
     let mut config = WebhookConfig::default();
     config.approval.deny_self_approval = true;
     let strict = state(config);
@@ -218,6 +219,15 @@ async fn provenance_is_recorded_and_cannot_be_forged() {
     assert_eq!(
         obj["metadata"]["annotations"],
         review["request"]["oldObject"]["metadata"]["annotations"]
+    );
+    let (_, obj) = mutated("mutate/pass/v1alpha2-update-approve-without-annotations.json").await;
+    assert_eq!(
+        obj["metadata"]["annotations"]["porch.kpt.dev/proposed-by"],
+        "alice@example.com"
+    );
+    assert_eq!(
+        obj["metadata"]["annotations"]["porch.kpt.dev/approved-by"],
+        "bob@example.com"
     );
     let (_, obj) = mutated("mutate/pass/v1alpha2-create-strips-forged-provenance.json").await;
     assert!(
