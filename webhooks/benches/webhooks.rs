@@ -8,6 +8,8 @@
 //!
 //! `cargo bench -p porch-webhooks --bench webhooks [-- --quick]`
 
+#![allow(clippy::print_stdout)] // a bench binary reports on stdout
+
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
@@ -179,7 +181,7 @@ fn package_revision(i: usize, size: usize) -> Value {
             "resourceVersion": format!("{}", 100_000 + i),
             "generation": 3,
             "creationTimestamp": "2026-11-20T10:00:00Z",
-            "labels": {"porch.kpt.dev/repository": "blueprints", "porch.kpt.dev/latest-revision": if i % 3 == 0 { "true" } else { "false" }},
+            "labels": {"porch.kpt.dev/repository": "blueprints", "porch.kpt.dev/latest-revision": if i.is_multiple_of(3) { "true" } else { "false" }},
             "annotations": {"porch.kpt.dev/proposed-by": "alice@example.com", "porch.kpt.dev/approved-by": "bob@example.com"},
             "finalizers": ["porch.kpt.dev/packagerevisions"],
             "ownerReferences": [{"apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "Repository", "name": "blueprints", "uid": "2b9b2f39-8a1e-4f71-9a43-6d1d7c0e4f22"}]
