@@ -18,12 +18,12 @@ pub mod server;
 pub mod validate;
 
 use authz::{ApprovalRequest, Authorizer, Decision};
+use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use axum::{Json, Router};
 use config::WebhookConfig;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionResponse, AdmissionReview};
@@ -128,24 +128,38 @@ async fn decide_validate(state: &AppState, input: &AdmissionInput<'_>) -> Admiss
 
 /// Encodes an admission review for the apiserver: `response.patch` as base64
 /// (kube serialises the bytes as a number array, kube-rs/kube#1781).
-pub fn encode_admission(review: Review) -> serde_json::Value {
+pub fn encode_admission(mut review: Review) -> Vec<u8> {
     use base64::Engine as _;
-    let patch = review.response.as_ref().and_then(|r| r.patch.clone());
-    let mut value = serde_json::to_value(&review).unwrap_or_else(|e| {
-        serde_json::json!({
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "response": {"uid": "", "allowed": false, "status": {"message": format!("failed to encode the response: {e}")}}
-        })
+    let patch = review.response.as_mut().and_then(|r| r.patch.take());
+    let mut out = serde_json::to_vec(&review).unwrap_or_else(|e| {
+        format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{{"uid":"","allowed":false,"status":{{"message":"failed to encode the response: {e}"}}}}}}"#
+        )
+        .into_bytes()
     });
-    if let Some(patch) = patch {
-        value["response"]["patch"] =
-            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(patch));
+    if let Some(patch) = patch
+        && out.ends_with(b"}}")
+    {
+        // `response` is the last member: add `patch` before it closes
+        let tail = out.split_off(out.len() - 2);
+        out.extend_from_slice(br#","patch":""#);
+        out.extend_from_slice(
+            base64::engine::general_purpose::STANDARD
+                .encode(patch)
+                .as_bytes(),
+        );
+        out.push(b'"');
+        out.extend_from_slice(&tail);
     }
-    value
+    out
 }
 
-async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
+/// A JSON answer.
+fn json_answer(body: Vec<u8>) -> impl IntoResponse {
+    ([(CONTENT_TYPE, "application/json")], body)
+}
+
+async fn validate_handler(State(state): State<AppState>, body: Bytes) -> impl IntoResponse {
     let start = Instant::now();
     let (response, result) = match review::parse(&body) {
         Err(invalid) => (*invalid, "invalid"),
@@ -160,7 +174,7 @@ async fn validate_handler(State(state): State<AppState>, body: Bytes) -> Json<se
         }
     };
     state.metrics.observe("validate", result, start.elapsed());
-    Json(encode_admission(response.into_review()))
+    json_answer(encode_admission(response.into_review()))
 }
 
 fn decide_mutate(
@@ -184,14 +198,14 @@ fn decide_mutate(
     }
 }
 
-async fn mutate_handler(State(state): State<AppState>, body: Bytes) -> Json<serde_json::Value> {
+async fn mutate_handler(State(state): State<AppState>, body: Bytes) -> impl IntoResponse {
     let start = Instant::now();
     let (response, result) = match review::parse(&body) {
         Err(invalid) => (*invalid, "invalid"),
         Ok(input) => decide_mutate(&state, &input),
     };
     state.metrics.observe("mutate", result, start.elapsed());
-    Json(encode_admission(response.into_review()))
+    json_answer(encode_admission(response.into_review()))
 }
 
 async fn convert_handler(State(state): State<AppState>, body: Bytes) -> impl IntoResponse {
@@ -210,7 +224,7 @@ async fn convert_handler(State(state): State<AppState>, body: Bytes) -> impl Int
         "failed"
     };
     state.metrics.observe("convert", result, start.elapsed());
-    ([(CONTENT_TYPE, "application/json")], answer)
+    json_answer(answer)
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {

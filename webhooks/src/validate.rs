@@ -67,16 +67,37 @@ struct Revision {
 }
 
 impl Revision {
-    fn decode(raw: Option<&RawValue>, version: &str, which: &str) -> Result<Self, Verdict> {
+    /// Decodes the object of a request. `stored` objects come from the
+    /// apiserver (already pruned to the schema), so unknown fields are only
+    /// looked for in what the client sent.
+    fn decode(
+        raw: Option<&RawValue>,
+        version: &str,
+        which: &str,
+        stored: bool,
+    ) -> Result<Self, Verdict> {
         let raw = raw.ok_or_else(|| Verdict::Deny(format!("the request has no {which}")))?;
+        fn typed<T: serde::de::DeserializeOwned>(
+            raw: &RawValue,
+            stored: bool,
+        ) -> Result<T, DecodeError> {
+            if stored {
+                serde_json::from_str(raw.get()).map_err(|source| DecodeError::Invalid {
+                    what: "PackageRevision",
+                    source,
+                })
+            } else {
+                decode_raw(raw, "PackageRevision")
+            }
+        }
         match version {
             "v1alpha2" => Ok(Revision {
-                v2: decode_raw(raw, "PackageRevision")?,
+                v2: typed(raw, stored)?,
                 v1: None,
                 api_version: "porch.kpt.dev/v1alpha2",
             }),
             "v1alpha1" => {
-                let v1: v1alpha1::PackageRevision = decode_raw(raw, "PackageRevision")?;
+                let v1: v1alpha1::PackageRevision = typed(raw, stored)?;
                 let v2 = to_v1alpha2(&v1).map_err(|e| Verdict::Deny(e.to_string()))?;
                 Ok(Revision {
                     v2,
@@ -114,17 +135,21 @@ impl Revision {
         self.meta().deletion_timestamp.is_some()
     }
 
-    /// The spec without the lifecycle, in the version sent, for comparison.
-    fn spec_without_lifecycle(&self) -> serde_json::Value {
-        let mut spec = match &self.v1 {
-            Some(v1) => serde_json::to_value(&v1.spec),
-            None => serde_json::to_value(&self.v2.spec),
+    /// Whether anything but the lifecycle differs between two specs, in the
+    /// version sent.
+    fn spec_differs_from(&self, other: &Revision) -> bool {
+        match (&self.v1, &other.v1) {
+            (Some(a), Some(b)) => {
+                let mut a = a.spec.clone();
+                a.lifecycle = b.spec.lifecycle;
+                a != b.spec
+            }
+            _ => {
+                let mut a = self.v2.spec.clone();
+                a.lifecycle = other.v2.spec.lifecycle;
+                a != other.v2.spec
+            }
         }
-        .unwrap_or_default();
-        if let Some(map) = spec.as_object_mut() {
-            map.remove("lifecycle");
-        }
-        spec
     }
 }
 
@@ -137,17 +162,19 @@ pub fn package_revision(input: &AdmissionInput<'_>, config: &WebhookConfig) -> V
     let version = input.kind.version.as_str();
     let controller = config.is_controller(input.username());
     let result = match input.operation {
-        Operation::Create => Revision::decode(input.object, version, "object")
+        Operation::Create => Revision::decode(input.object, version, "object", false)
             .map(|new| check_create(&new, controller)),
-        Operation::Update => Revision::decode(input.object, version, "object").and_then(|new| {
-            let old = Revision::decode(input.old_object, version, "oldObject")?;
-            Ok(check_update(&old, &new, input, config, controller))
-        }),
+        Operation::Update => {
+            Revision::decode(input.object, version, "object", false).and_then(|new| {
+                let old = Revision::decode(input.old_object, version, "oldObject", true)?;
+                Ok(check_update(&old, &new, input, config, controller))
+            })
+        }
         Operation::Delete => match input.old_object {
             // nothing to check without the stored object
             None => Ok(Verdict::Allow),
             Some(_) if config.may_delete_published(input.username()) => Ok(Verdict::Allow),
-            Some(_) => Revision::decode(input.old_object, version, "oldObject").map(|old| {
+            Some(_) => Revision::decode(input.old_object, version, "oldObject", true).map(|old| {
                 match lifecycle::check_delete(old.v2.spec.lifecycle) {
                     Ok(()) => Verdict::Allow,
                     Err(e) => Verdict::Deny(e.to_string()),
@@ -276,7 +303,7 @@ fn check_update(
             deny!("spec.revision is set by the package orchestrator and cannot be changed");
         }
     }
-    let spec_changed = old.spec_without_lifecycle() != new.spec_without_lifecycle();
+    let spec_changed = old.spec_differs_from(new);
     if old.terminating() && !controller {
         if spec_changed || o.lifecycle != n.lifecycle {
             deny!(
