@@ -22,7 +22,8 @@ pub enum DecodeError {
 /// Decodes raw JSON into its typed form, reporting ignored fields.
 ///
 /// # Errors
-/// Wrong types or unknown fields outside `metadata`, `apiVersion` and `kind`.
+/// Wrong types or unknown fields outside `metadata`, `status`, `apiVersion`
+/// and `kind`.
 pub fn decode_raw<T: DeserializeOwned>(
     raw: &RawValue,
     what: &'static str,
@@ -32,7 +33,8 @@ pub fn decode_raw<T: DeserializeOwned>(
     let typed = serde_ignored::deserialize(&mut de, |path| {
         let path = path.to_string();
         let top = path.split('.').next().unwrap_or_default();
-        if !matches!(top, "metadata" | "apiVersion" | "kind") {
+        // metadata belongs to the apiserver; status is not written here
+        if !matches!(top, "metadata" | "apiVersion" | "kind" | "status") {
             unknown.push(path);
         }
     })

@@ -10,11 +10,11 @@
 use crate::config::WebhookConfig;
 use crate::decode::{DecodeError, decode_raw};
 use crate::review::AdmissionInput;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::Operation;
 use porch_api::common::RepositoryType;
 use porch_api::convert::{
-    V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, check_stash_annotation, to_v1alpha2,
+    V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, check_stash_annotation,
+    spec_to_v1alpha2,
 };
 use porch_api::lifecycle::{self, Transition};
 use porch_api::naming::{
@@ -22,12 +22,14 @@ use porch_api::naming::{
     validate_repo_directory,
 };
 use porch_api::repository::{Repository, RepositorySpec};
-use porch_api::v1alpha2::{PackageRevision, PackageSource};
+use porch_api::v1alpha2::{PackageRevisionSpec, PackageSource};
 use porch_api::{
     APPROVED_BY_ANNOTATION, LATEST_REVISION_LABEL, PROPOSED_BY_ANNOTATION,
     V1ALPHA1_LATEST_REVISION_LABEL, v1alpha1,
 };
+use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::collections::BTreeMap;
 
 /// What the rules decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,11 +60,35 @@ const MANAGED_LABELS: [&str; 2] = [LATEST_REVISION_LABEL, V1ALPHA1_LATEST_REVISI
 const CONVERSION_ANNOTATIONS: [&str; 2] = [V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION];
 const PROVENANCE_ANNOTATIONS: [&str; 2] = [PROPOSED_BY_ANNOTATION, APPROVED_BY_ANNOTATION];
 
-/// A PackageRevision as the rules see it: always v1alpha2, plus the
-/// v1alpha1 object when the request came in that version.
+/// The parts of an object's metadata the rules read; the rest (managed
+/// fields, owner references, …) is skipped, not decoded.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
+}
+
+/// An object as the rules read it: metadata and spec; `status` is skipped.
+#[derive(Deserialize)]
+struct Object<S> {
+    #[serde(default)]
+    metadata: Meta,
+    spec: S,
+}
+
+/// A PackageRevision as the rules see it: the v1alpha2 spec, plus the
+/// v1alpha1 spec when the request came in that version.
 struct Revision {
-    v2: PackageRevision,
-    v1: Option<v1alpha1::PackageRevision>,
+    meta: Meta,
+    v2: PackageRevisionSpec,
+    v1: Option<v1alpha1::PackageRevisionSpec>,
     api_version: &'static str,
 }
 
@@ -91,17 +117,21 @@ impl Revision {
             }
         }
         match version {
-            "v1alpha2" => Ok(Revision {
-                v2: typed(raw, stored)?,
-                v1: None,
-                api_version: "porch.kpt.dev/v1alpha2",
-            }),
-            "v1alpha1" => {
-                let v1: v1alpha1::PackageRevision = typed(raw, stored)?;
-                let v2 = to_v1alpha2(&v1).map_err(|e| Verdict::Deny(e.to_string()))?;
+            "v1alpha2" => {
+                let object: Object<PackageRevisionSpec> = typed(raw, stored)?;
                 Ok(Revision {
-                    v2,
-                    v1: Some(v1),
+                    meta: object.metadata,
+                    v2: object.spec,
+                    v1: None,
+                    api_version: "porch.kpt.dev/v1alpha2",
+                })
+            }
+            "v1alpha1" => {
+                let object: Object<v1alpha1::PackageRevisionSpec> = typed(raw, stored)?;
+                Ok(Revision {
+                    meta: object.metadata,
+                    v2: spec_to_v1alpha2(&object.spec),
+                    v1: Some(object.spec),
                     api_version: "porch.kpt.dev/v1alpha1",
                 })
             }
@@ -111,28 +141,16 @@ impl Revision {
         }
     }
 
-    /// Metadata as the client sent it (before conversion).
-    fn meta(&self) -> &ObjectMeta {
-        match &self.v1 {
-            Some(v1) => &v1.metadata,
-            None => &self.v2.metadata,
-        }
-    }
-
     fn label(&self, key: &str) -> Option<&str> {
-        self.meta().labels.as_ref()?.get(key).map(String::as_str)
+        self.meta.labels.as_ref()?.get(key).map(String::as_str)
     }
 
     fn annotation(&self, key: &str) -> Option<&str> {
-        self.meta()
-            .annotations
-            .as_ref()?
-            .get(key)
-            .map(String::as_str)
+        self.meta.annotations.as_ref()?.get(key).map(String::as_str)
     }
 
     fn terminating(&self) -> bool {
-        self.meta().deletion_timestamp.is_some()
+        self.meta.deletion_timestamp.is_some()
     }
 
     /// Whether anything but the lifecycle differs between two specs, in the
@@ -140,14 +158,14 @@ impl Revision {
     fn spec_differs_from(&self, other: &Revision) -> bool {
         match (&self.v1, &other.v1) {
             (Some(a), Some(b)) => {
-                let mut a = a.spec.clone();
-                a.lifecycle = b.spec.lifecycle;
-                a != b.spec
+                let mut a = a.clone();
+                a.lifecycle = b.lifecycle;
+                a != *b
             }
             _ => {
-                let mut a = self.v2.spec.clone();
-                a.lifecycle = other.v2.spec.lifecycle;
-                a != other.v2.spec
+                let mut a = self.v2.clone();
+                a.lifecycle = other.v2.lifecycle;
+                a != other.v2
             }
         }
     }
@@ -175,7 +193,7 @@ pub fn package_revision(input: &AdmissionInput<'_>, config: &WebhookConfig) -> V
             None => Ok(Verdict::Allow),
             Some(_) if config.may_delete_published(input.username()) => Ok(Verdict::Allow),
             Some(_) => Revision::decode(input.old_object, version, "oldObject", true).map(|old| {
-                match lifecycle::check_delete(old.v2.spec.lifecycle) {
+                match lifecycle::check_delete(old.v2.lifecycle) {
                     Ok(()) => Verdict::Allow,
                     Err(e) => Verdict::Deny(e.to_string()),
                 }
@@ -187,7 +205,7 @@ pub fn package_revision(input: &AdmissionInput<'_>, config: &WebhookConfig) -> V
 }
 
 fn check_create(new: &Revision, controller: bool) -> Verdict {
-    let spec = &new.v2.spec;
+    let spec = &new.v2;
     if let Err(e) = validate_label("repository", &spec.repository) {
         deny!("spec.repository: {e}");
     }
@@ -215,7 +233,7 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
         }
         Ok(_) => {}
     }
-    match new.v2.metadata.name.as_deref() {
+    match new.meta.name.as_deref() {
         Some(name) if name == composed => {}
         Some(name) => deny!(
             "metadata.name {name:?} must be {composed:?}: <repository>.<packageName with '/' as '.'>.<workspaceName>"
@@ -223,18 +241,18 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
         None => deny!("metadata.name must be set to {composed:?} (generateName is not supported)"),
     }
     if let Some(v1) = &new.v1 {
-        if v1.spec.tasks.len() > 1 {
+        if v1.tasks.len() > 1 {
             deny!(
                 "at most one task is allowed on create, found {}: later tasks are recorded by the package orchestrator",
-                v1.spec.tasks.len()
+                v1.tasks.len()
             );
         }
-        if !v1.spec.tasks.is_empty() && spec.source.is_none() {
+        if !v1.tasks.is_empty() && spec.source.is_none() {
             deny!(
                 "spec.tasks[0] is not a valid source task: use one of init, clone (git or upstreamRef), edit or upgrade with its matching field set"
             );
         }
-        if v1.spec.revision.is_some() && !controller {
+        if v1.revision.is_some() && !controller {
             deny!("spec.revision is set by the package orchestrator and cannot be set");
         }
     }
@@ -282,7 +300,7 @@ fn check_update(
     config: &WebhookConfig,
     controller: bool,
 ) -> Verdict {
-    let (o, n) = (&old.v2.spec, &new.v2.spec);
+    let (o, n) = (&old.v2, &new.v2);
     for (field, before, after) in [
         ("spec.packageName", &o.package_name, &n.package_name),
         ("spec.repository", &o.repository, &n.repository),
@@ -296,10 +314,10 @@ fn check_update(
         deny!("spec.source is immutable: create a new revision (copyFrom or upgrade) instead");
     }
     if let (Some(o1), Some(n1)) = (&old.v1, &new.v1) {
-        if o1.spec.tasks != n1.spec.tasks {
+        if o1.tasks != n1.tasks {
             deny!("spec.tasks is immutable: create a new revision (edit or upgrade) instead");
         }
-        if o1.spec.revision != n1.spec.revision && !controller {
+        if o1.revision != n1.revision && !controller {
             deny!("spec.revision is set by the package orchestrator and cannot be changed");
         }
     }
@@ -322,7 +340,7 @@ fn check_update(
     if let Err(e) = lifecycle::check_spec_change(o.lifecycle, spec_changed) {
         deny!("{e}");
     }
-    if let Err(e) = check_stash_annotation(new.meta().annotations.as_ref(), new.api_version) {
+    if let Err(e) = check_stash_annotation(new.meta.annotations.as_ref(), new.api_version) {
         deny!("{e}");
     }
     if !controller {

@@ -265,6 +265,20 @@ pub fn to_v1alpha2(obj: &v1::PackageRevision) -> Result<v2::PackageRevision, Con
     })
 }
 
+/// The v1alpha2 spec a v1alpha1 spec maps to, leaving out what only a stash
+/// restores: what admission compares, the same way on both sides.
+pub fn spec_to_v1alpha2(spec: &v1::PackageRevisionSpec) -> v2::PackageRevisionSpec {
+    v2::PackageRevisionSpec {
+        package_name: spec.package_name.clone(),
+        repository: spec.repository.clone(),
+        workspace_name: spec.workspace_name.clone(),
+        lifecycle: spec.lifecycle,
+        source: tasks_to_source(&spec.tasks),
+        readiness_gates: spec.readiness_gates.clone(),
+        package_metadata: spec.package_metadata.clone(),
+    }
+}
+
 /// The v1alpha1 task for a v1alpha2 source: one task for exactly one member.
 fn source_to_tasks(source: Option<&PackageSource>) -> Vec<Task> {
     let Some(source) = source else {
