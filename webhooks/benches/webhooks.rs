@@ -53,6 +53,38 @@ fn serve(app: Router) -> SocketAddr {
     rx.recv().expect("server address")
 }
 
+/// Serves `app` over TLS with the production host code (`server::serve_tls`).
+fn serve_https(app: Router, cert_dir: &Path) -> SocketAddr {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let files = porch_webhooks::server::TlsFiles {
+        cert: cert_dir.join("tls.crt"),
+        key: cert_dir.join("tls.key"),
+    };
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let cert = porch_webhooks::server::ReloadingCert::new(files).expect("cert");
+            let tls = porch_webhooks::server::tls_config(cert).expect("tls");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            tx.send(listener.local_addr().expect("addr")).expect("send");
+            porch_webhooks::server::serve_tls(
+                listener,
+                tls,
+                app,
+                porch_webhooks::server::ConnectionLimits::default(),
+                std::future::pending(),
+            )
+            .await;
+        });
+    });
+    rx.recv().expect("server address")
+}
+
 struct Load {
     requests_per_second: f64,
     p50: Duration,
@@ -60,12 +92,13 @@ struct Load {
 }
 
 /// `workers` keep-alive connections posting `body` for `duration`.
-async fn load(url: &str, body: Bytes, workers: usize, duration: Duration) -> Load {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(workers)
-        .http1_only()
-        .build()
-        .expect("client");
+async fn load(
+    client: &reqwest::Client,
+    url: &str,
+    body: Bytes,
+    workers: usize,
+    duration: Duration,
+) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for _ in 0..workers {
@@ -118,13 +151,32 @@ fn fixture(rel: &str) -> Vec<u8> {
     .expect("fixture")
 }
 
-fn admission_vs_echo(rounds: usize, seconds: f64) {
+fn admission_vs_echo(rounds: usize, seconds: f64, https: bool) {
     let state = AppState::new(
         WebhookConfig::default(),
         Arc::new(StaticAuthorizer::DenyAll),
     );
-    let admission = serve(router(state));
-    let echo = serve(Router::new().route("/validate", post(|body: Bytes| async move { body })));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pem = tls_pair(dir.path());
+    let echo_app = Router::new().route("/validate", post(|body: Bytes| async move { body }));
+    let (admission, echo, scheme) = if https {
+        (
+            serve_https(router(state), dir.path()),
+            serve_https(echo_app, dir.path()),
+            "https",
+        )
+    } else {
+        (serve(router(state)), serve(echo_app), "http")
+    };
+    let mut builder = reqwest::Client::builder()
+        .pool_max_idle_per_host(16)
+        .http1_only();
+    if https {
+        builder = builder.use_preconfigured_tls(client_tls(&pem));
+    }
+    let client = builder.build().expect("client");
+    let echo_url = format!("{scheme}://localhost:{}/validate", echo.port());
+    let admission_url = format!("{scheme}://localhost:{}/validate", admission.port());
     let body = Bytes::from(fixture("validate/pass/v1alpha2-update-propose.json"));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -135,13 +187,13 @@ fn admission_vs_echo(rounds: usize, seconds: f64) {
     let duration = Duration::from_secs_f64(seconds);
     rt.block_on(async {
         // warm both
-        load(&format!("http://{echo}/validate"), body.clone(), 8, Duration::from_millis(300)).await;
-        load(&format!("http://{admission}/validate"), body.clone(), 8, Duration::from_millis(300)).await;
+        load(&client, &echo_url, body.clone(), 16, Duration::from_millis(300)).await;
+        load(&client, &admission_url, body.clone(), 16, Duration::from_millis(300)).await;
         for round in 0..rounds {
-            let e = load(&format!("http://{echo}/validate"), body.clone(), 16, duration).await;
-            let a = load(&format!("http://{admission}/validate"), body.clone(), 16, duration).await;
+            let e = load(&client, &echo_url, body.clone(), 16, duration).await;
+            let a = load(&client, &admission_url, body.clone(), 16, duration).await;
             println!(
-                "  round {round}: echo {:>8.0} req/s p99 {:>6.0} µs | validate {:>8.0} req/s p50 {:>6.0} µs p99 {:>6.0} µs | ratio {:.2}",
+                "  {scheme} round {round}: echo {:>8.0} req/s p99 {:>6.0} µs | validate {:>8.0} req/s p50 {:>6.0} µs p99 {:>6.0} µs | ratio {:.2}",
                 e.requests_per_second,
                 e.p99.as_secs_f64() * 1e6,
                 a.requests_per_second,
@@ -158,7 +210,7 @@ fn admission_vs_echo(rounds: usize, seconds: f64) {
         }
     });
     println!(
-        "admission vs echo ({} B review, 16 connections, median of {rounds} rounds of {seconds}s): echo {:.0} req/s (p99 {:.0} µs), /validate {:.0} req/s (p50 {:.0} µs, p99 {:.0} µs), ratio {:.2} (goal ≥ 0.70)",
+        "admission vs echo over {scheme} ({} B review, 16 connections, median of {rounds} rounds of {seconds}s): echo {:.0} req/s (p99 {:.0} µs), /validate {:.0} req/s (p50 {:.0} µs, p99 {:.0} µs), ratio {:.2} (goal ≥ 0.70)",
         body.len(),
         median(&mut echo_rps),
         median(&mut echo_p99),
@@ -278,6 +330,17 @@ fn tls_pair(dir: &Path) -> String {
     generated.cert.pem()
 }
 
+/// A client configuration trusting only `pem`.
+fn client_tls(pem: &str) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_bytes()) {
+        roots.add(cert.expect("pem")).expect("root");
+    }
+    rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
 /// One blocking HTTPS GET of `/healthz`; `None` while nothing listens.
 fn healthz(port: u16, tls: &Arc<rustls::ClientConfig>) -> Option<bool> {
     use std::io::{Read, Write};
@@ -298,15 +361,7 @@ fn healthz(port: u16, tls: &Arc<rustls::ClientConfig>) -> Option<bool> {
 fn startup(runs: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let pem = tls_pair(dir.path());
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_bytes()) {
-        roots.add(cert.expect("pem")).expect("root");
-    }
-    let tls = Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    );
+    let tls = Arc::new(client_tls(&pem));
     let mut starts = Vec::new();
     let mut noop = Vec::new();
     for run in 0..runs {
@@ -396,7 +451,8 @@ fn main() {
         if smoke { "quick" } else { "full" }
     );
     components(if smoke { 2_000 } else { 20_000 });
-    admission_vs_echo(rounds, seconds);
+    admission_vs_echo(rounds, seconds, false);
+    admission_vs_echo(rounds, seconds, true);
     conversion(iterations);
     startup(runs);
 }
