@@ -6,7 +6,7 @@
 //! 3. process start to first answered request of `porch-webhooks` over HTTPS
 //!    (goal ≤ 15 ms), next to the start of a process that does nothing.
 //!
-//! `cargo bench -p porch-webhooks --bench webhooks [-- --quick]`
+//! `cargo bench -p porch-webhooks --bench webhooks [-- --quick] [--http-only]`
 
 #![allow(clippy::print_stdout)] // a bench binary reports on stdout
 
@@ -423,12 +423,21 @@ fn components(iterations: usize) {
             start.elapsed().as_secs_f64() * 1e6 / iterations as f64
         );
     };
-    time("read the AdmissionReview envelope", &mut || {
+    time("generic: read the AdmissionReview envelope", &mut || {
         std::hint::black_box(porch_webhooks::review::parse(&body).expect("parse"));
     });
     let input = porch_webhooks::review::parse(&body).expect("parse");
-    time("validate (decode both objects, rules)", &mut || {
-        std::hint::black_box(porch_webhooks::validate::package_revision(&input, &config));
+    time(
+        "generic: validate (decode both objects, rules)",
+        &mut || {
+            std::hint::black_box(porch_webhooks::validate::package_revision(&input, &config));
+        },
+    );
+    time("one pass: read and validate a v1alpha2 review", &mut || {
+        let review = porch_webhooks::review::parse_revision_review(&body).expect("one pass");
+        std::hint::black_box(porch_webhooks::validate::package_revision_review(
+            review, &config,
+        ));
     });
     time("encode the answer", &mut || {
         let response = input.allow();
@@ -452,6 +461,9 @@ fn main() {
     );
     components(if smoke { 2_000 } else { 20_000 });
     admission_vs_echo(rounds, seconds, false);
+    if std::env::args().any(|a| a == "--http-only") {
+        return;
+    }
     admission_vs_echo(rounds, seconds, true);
     conversion(iterations);
     startup(runs);

@@ -28,7 +28,7 @@ use config::WebhookConfig;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionResponse, AdmissionReview};
 use metrics::Metrics;
-use review::AdmissionInput;
+use review::{AdmissionInput, RequestHead};
 use std::sync::Arc;
 use std::time::Instant;
 use validate::Verdict;
@@ -72,7 +72,7 @@ pub fn router(state: AppState) -> Router {
 
 type Review = AdmissionReview<DynamicObject>;
 
-fn unsupported_kind(input: &AdmissionInput<'_>) -> String {
+fn unsupported_kind(input: &RequestHead) -> String {
     let k = &input.kind;
     format!(
         "unsupported kind {}/{} {}: this webhook handles porch.kpt.dev PackageRevision (v1alpha1, v1alpha2) and config.porch.kpt.dev/v1alpha1 Repository",
@@ -93,7 +93,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 async fn decide_validate(state: &AppState, input: &AdmissionInput<'_>) -> AdmissionResponse {
-    let response = input.allow();
     let verdict = match (
         input.kind.group.as_str(),
         input.kind.kind.as_str(),
@@ -103,6 +102,12 @@ async fn decide_validate(state: &AppState, input: &AdmissionInput<'_>) -> Admiss
         ("config.porch.kpt.dev", "Repository", "v1alpha1") => validate::repository(input),
         _ => Verdict::Deny(unsupported_kind(input)),
     };
+    answer(state, input, verdict).await
+}
+
+/// Turns a verdict into the answer, asking the authorizer when needed.
+async fn answer(state: &AppState, input: &RequestHead, verdict: Verdict) -> AdmissionResponse {
+    let response = input.allow();
     match verdict {
         Verdict::Allow => response,
         Verdict::Deny(message) => response.deny(message),
@@ -161,17 +166,21 @@ fn json_answer(body: Vec<u8>) -> impl IntoResponse {
 
 async fn validate_handler(State(state): State<AppState>, body: Bytes) -> impl IntoResponse {
     let start = Instant::now();
-    let (response, result) = match review::parse(&body) {
-        Err(invalid) => (*invalid, "invalid"),
-        Ok(input) => {
-            let response = decide_validate(&state, &input).await;
-            let result = if response.allowed {
-                "allowed"
-            } else {
-                "denied"
-            };
-            (response, result)
+    // the common case, a v1alpha2 PackageRevision, is read in one pass
+    let (response, invalid) = match review::parse_revision_review(&body) {
+        Some(review) => {
+            let (head, verdict) = validate::package_revision_review(review, &state.config);
+            (answer(&state, &head, verdict).await, false)
         }
+        None => match review::parse(&body) {
+            Err(invalid) => (*invalid, true),
+            Ok(input) => (decide_validate(&state, &input).await, false),
+        },
+    };
+    let result = match (invalid, response.allowed) {
+        (true, _) => "invalid",
+        (false, true) => "allowed",
+        (false, false) => "denied",
     };
     state.metrics.observe("validate", result, start.elapsed());
     json_answer(encode_admission(response.into_review()))

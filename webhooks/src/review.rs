@@ -8,12 +8,15 @@
 use k8s_openapi::api::authentication::v1::UserInfo;
 use kube::core::admission::{AdmissionResponse, Operation};
 use kube::core::{GroupVersionKind, Status};
+use porch_api::v1alpha2::PackageRevisionSpec;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::collections::BTreeMap;
+use std::ops::Deref;
 
-/// One admission request, borrowed from the request body.
+/// What an admission request says besides its objects.
 #[derive(Debug)]
-pub struct AdmissionInput<'a> {
+pub struct RequestHead {
     pub uid: String,
     pub kind: GroupVersionKind,
     pub sub_resource: Option<String>,
@@ -21,19 +24,78 @@ pub struct AdmissionInput<'a> {
     pub namespace: Option<String>,
     pub operation: Operation,
     pub user_info: UserInfo,
+}
+
+/// One admission request, its objects borrowed raw from the request body.
+#[derive(Debug)]
+pub struct AdmissionInput<'a> {
+    pub head: RequestHead,
     pub object: Option<&'a RawValue>,
     pub old_object: Option<&'a RawValue>,
 }
 
+impl Deref for AdmissionInput<'_> {
+    type Target = RequestHead;
+    fn deref(&self) -> &RequestHead {
+        &self.head
+    }
+}
+
+/// The parts of an object's metadata the rules read; the rest (managed
+/// fields, owner references, …) is skipped, not decoded.
+#[derive(Deserialize, Default, Debug)]
+#[serde(rename_all = "camelCase")]
+pub struct Meta {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub deletion_timestamp: Option<String>,
+}
+
+/// An object as the rules read it: metadata and spec; `status` is skipped.
+#[derive(Deserialize, Debug)]
+pub struct Object<S> {
+    #[serde(default)]
+    pub metadata: Meta,
+    pub spec: S,
+}
+
+/// A `porch.kpt.dev/v1alpha2` PackageRevision review decoded in one pass:
+/// the objects straight into their typed form, the fields of `object` that
+/// no type knows collected on the way.
+#[derive(Debug)]
+pub struct RevisionReview {
+    pub head: RequestHead,
+    pub object: Option<Object<PackageRevisionSpec>>,
+    pub old_object: Option<Object<PackageRevisionSpec>>,
+    /// Unknown fields of `object`, relative to it (`spec.bogus`).
+    pub unknown_fields: Vec<String>,
+}
+
+impl Deref for RevisionReview {
+    type Target = RequestHead;
+    fn deref(&self) -> &RequestHead {
+        &self.head
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Envelope<'a> {
+struct Envelope<R> {
     #[serde(default)]
     api_version: String,
     #[serde(default)]
     kind: String,
-    #[serde(borrow, default)]
-    request: Option<Request<'a>>,
+    #[serde(default = "none")]
+    request: Option<R>,
+}
+
+fn none<R>() -> Option<R> {
+    None
 }
 
 #[derive(Deserialize)]
@@ -55,12 +117,121 @@ struct Request<'a> {
     old_object: Option<&'a RawValue>,
 }
 
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypedRequest {
+    uid: String,
+    kind: GroupVersionKind,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: Operation,
+    user_info: UserInfo,
+    #[serde(default)]
+    object: Option<Object<PackageRevisionSpec>>,
+    #[serde(default)]
+    old_object: Option<Object<PackageRevisionSpec>>,
+}
+
+/// Reads a v1alpha2 PackageRevision review in one pass. `None` when the body
+/// is anything else or does not decode this way; [`parse`] then reads it
+/// generically and reports precisely what is wrong.
+pub fn parse_revision_review(body: &[u8]) -> Option<RevisionReview> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut unknown_fields = Vec::new();
+    let mut de = serde_json::Deserializer::from_str(text);
+    let envelope: Envelope<TypedRequest> = serde_ignored::deserialize(&mut de, |path| {
+        if let Some(field) = unknown_object_field(&path) {
+            unknown_fields.push(field);
+        }
+    })
+    .ok()?;
+    de.end().ok()?;
+    if envelope.api_version != "admission.k8s.io/v1" || envelope.kind != "AdmissionReview" {
+        return None;
+    }
+    let request = envelope.request?;
+    let k = &request.kind;
+    if k.group != "porch.kpt.dev" || k.version != "v1alpha2" || k.kind != "PackageRevision" {
+        return None;
+    }
+    Some(RevisionReview {
+        head: RequestHead {
+            uid: request.uid,
+            kind: request.kind,
+            sub_resource: request.sub_resource,
+            name: request.name,
+            namespace: request.namespace,
+            operation: request.operation,
+            user_info: request.user_info,
+        },
+        object: request.object,
+        old_object: request.old_object,
+        unknown_fields,
+    })
+}
+
+/// `request.object.<field>` outside metadata, status, apiVersion and kind,
+/// as `<field>`; everything else the envelope ignores on purpose.
+fn unknown_object_field(path: &serde_ignored::Path<'_>) -> Option<String> {
+    enum Segment<'p> {
+        Key(&'p str),
+        Index(usize),
+    }
+    let mut segments = Vec::new();
+    let mut at = path;
+    loop {
+        match at {
+            serde_ignored::Path::Root => break,
+            serde_ignored::Path::Map { parent, key } => {
+                segments.push(Segment::Key(key.as_str()));
+                at = parent;
+            }
+            serde_ignored::Path::Seq { parent, index } => {
+                segments.push(Segment::Index(*index));
+                at = parent;
+            }
+            serde_ignored::Path::Some { parent }
+            | serde_ignored::Path::NewtypeStruct { parent }
+            | serde_ignored::Path::NewtypeVariant { parent } => at = parent,
+        }
+    }
+    segments.reverse();
+    match segments.as_slice() {
+        [
+            Segment::Key("request"),
+            Segment::Key("object"),
+            Segment::Key(top),
+            ..,
+        ] if !matches!(*top, "metadata" | "status" | "apiVersion" | "kind") => {
+            let field: Vec<String> = segments[2..]
+                .iter()
+                .map(|s| match s {
+                    Segment::Key(k) => (*k).to_owned(),
+                    Segment::Index(i) => i.to_string(),
+                })
+                .collect();
+            Some(field.join("."))
+        }
+        _ => None,
+    }
+}
+
 /// Reads an AdmissionReview `admission.k8s.io/v1` with a request.
 ///
 /// # Errors
 /// The answer to send: `invalid` with the reason (and the uid when known).
 pub fn parse(body: &[u8]) -> Result<AdmissionInput<'_>, Box<AdmissionResponse>> {
-    let envelope: Envelope<'_> = serde_json::from_slice(body).map_err(|e| {
+    // validating UTF-8 once up front lets the parser skip it per string
+    let text = std::str::from_utf8(body).map_err(|e| {
+        Box::new(AdmissionResponse::invalid(format!(
+            "invalid AdmissionReview: not UTF-8: {e}"
+        )))
+    })?;
+    let envelope: Envelope<Request<'_>> = serde_json::from_str(text).map_err(|e| {
         Box::new(AdmissionResponse::invalid(format!(
             "invalid AdmissionReview: {e}"
         )))
@@ -77,19 +248,21 @@ pub fn parse(body: &[u8]) -> Result<AdmissionInput<'_>, Box<AdmissionResponse>> 
         .request
         .ok_or_else(|| Box::new(AdmissionResponse::invalid("AdmissionReview has no request")))?;
     Ok(AdmissionInput {
-        uid: request.uid,
-        kind: request.kind,
-        sub_resource: request.sub_resource,
-        name: request.name,
-        namespace: request.namespace,
-        operation: request.operation,
-        user_info: request.user_info,
+        head: RequestHead {
+            uid: request.uid,
+            kind: request.kind,
+            sub_resource: request.sub_resource,
+            name: request.name,
+            namespace: request.namespace,
+            operation: request.operation,
+            user_info: request.user_info,
+        },
         object: request.object,
         old_object: request.old_object,
     })
 }
 
-impl AdmissionInput<'_> {
+impl RequestHead {
     /// An allowing answer to this request (deny it with `.deny(..)`).
     pub fn allow(&self) -> AdmissionResponse {
         // kube builds responses from its own request type; this one is

@@ -9,7 +9,7 @@
 
 use crate::config::WebhookConfig;
 use crate::decode::{DecodeError, decode_raw};
-use crate::review::AdmissionInput;
+use crate::review::{AdmissionInput, Meta, Object, RequestHead, RevisionReview};
 use kube::core::admission::Operation;
 use porch_api::common::RepositoryType;
 use porch_api::convert::{
@@ -27,9 +27,7 @@ use porch_api::{
     APPROVED_BY_ANNOTATION, LATEST_REVISION_LABEL, PROPOSED_BY_ANNOTATION,
     V1ALPHA1_LATEST_REVISION_LABEL, v1alpha1,
 };
-use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::collections::BTreeMap;
 
 /// What the rules decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,29 +57,6 @@ macro_rules! deny {
 const MANAGED_LABELS: [&str; 2] = [LATEST_REVISION_LABEL, V1ALPHA1_LATEST_REVISION_LABEL];
 const CONVERSION_ANNOTATIONS: [&str; 2] = [V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION];
 const PROVENANCE_ANNOTATIONS: [&str; 2] = [PROPOSED_BY_ANNOTATION, APPROVED_BY_ANNOTATION];
-
-/// The parts of an object's metadata the rules read; the rest (managed
-/// fields, owner references, …) is skipped, not decoded.
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct Meta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    annotations: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    deletion_timestamp: Option<String>,
-}
-
-/// An object as the rules read it: metadata and spec; `status` is skipped.
-#[derive(Deserialize)]
-struct Object<S> {
-    #[serde(default)]
-    metadata: Meta,
-    spec: S,
-}
 
 /// A PackageRevision as the rules see it: the v1alpha2 spec, plus the
 /// v1alpha1 spec when the request came in that version.
@@ -117,15 +92,7 @@ impl Revision {
             }
         }
         match version {
-            "v1alpha2" => {
-                let object: Object<PackageRevisionSpec> = typed(raw, stored)?;
-                Ok(Revision {
-                    meta: object.metadata,
-                    v2: object.spec,
-                    v1: None,
-                    api_version: "porch.kpt.dev/v1alpha2",
-                })
-            }
+            "v1alpha2" => Ok(Revision::from_v2(typed(raw, stored)?)),
             "v1alpha1" => {
                 let object: Object<v1alpha1::PackageRevisionSpec> = typed(raw, stored)?;
                 Ok(Revision {
@@ -138,6 +105,15 @@ impl Revision {
             other => Err(Verdict::Deny(format!(
                 "unsupported PackageRevision version {other:?}: expected v1alpha1 or v1alpha2"
             ))),
+        }
+    }
+
+    fn from_v2(object: Object<PackageRevisionSpec>) -> Self {
+        Revision {
+            meta: object.metadata,
+            v2: object.spec,
+            v1: None,
+            api_version: "porch.kpt.dev/v1alpha2",
         }
     }
 
@@ -173,32 +149,78 @@ impl Revision {
 
 /// Decides a PackageRevision request.
 pub fn package_revision(input: &AdmissionInput<'_>, config: &WebhookConfig) -> Verdict {
-    if input.sub_resource.is_some() {
+    let version = input.kind.version.as_str();
+    decide_revision(
+        input,
+        config,
+        || Revision::decode(input.object, version, "object", false),
+        input.old_object.is_some(),
+        || Revision::decode(input.old_object, version, "oldObject", true),
+    )
+}
+
+/// Decides a v1alpha2 PackageRevision review read in one pass
+/// ([`crate::review::parse_revision_review`]).
+/// Hands the request back with the verdict, for the answer.
+pub fn package_revision_review(
+    review: RevisionReview,
+    config: &WebhookConfig,
+) -> (RequestHead, Verdict) {
+    let RevisionReview {
+        head,
+        object,
+        old_object,
+        unknown_fields,
+    } = review;
+    let has_old = old_object.is_some();
+    let verdict = decide_revision(
+        &head,
+        config,
+        move || {
+            if !unknown_fields.is_empty() {
+                return Err(DecodeError::UnknownFields {
+                    what: "PackageRevision",
+                    fields: unknown_fields,
+                }
+                .into());
+            }
+            object
+                .map(Revision::from_v2)
+                .ok_or_else(|| Verdict::Deny("the request has no object".to_owned()))
+        },
+        has_old,
+        move || {
+            old_object
+                .map(Revision::from_v2)
+                .ok_or_else(|| Verdict::Deny("the request has no oldObject".to_owned()))
+        },
+    );
+    (head, verdict)
+}
+
+fn decide_revision(
+    head: &RequestHead,
+    config: &WebhookConfig,
+    new: impl FnOnce() -> Result<Revision, Verdict>,
+    has_old: bool,
+    old: impl FnOnce() -> Result<Revision, Verdict>,
+) -> Verdict {
+    if head.sub_resource.is_some() {
         // status and other subresources carry no user-controlled spec
         return Verdict::Allow;
     }
-    let version = input.kind.version.as_str();
-    let controller = config.is_controller(input.username());
-    let result = match input.operation {
-        Operation::Create => Revision::decode(input.object, version, "object", false)
-            .map(|new| check_create(&new, controller)),
+    let controller = config.is_controller(head.username());
+    let result = match head.operation {
+        Operation::Create => new().map(|new| check_create(&new, controller)),
         Operation::Update => {
-            Revision::decode(input.object, version, "object", false).and_then(|new| {
-                let old = Revision::decode(input.old_object, version, "oldObject", true)?;
-                Ok(check_update(&old, &new, input, config, controller))
-            })
+            new().and_then(|new| Ok(check_update(&old()?, &new, head, config, controller)))
         }
-        Operation::Delete => match input.old_object {
-            // nothing to check without the stored object
-            None => Ok(Verdict::Allow),
-            Some(_) if config.may_delete_published(input.username()) => Ok(Verdict::Allow),
-            Some(_) => Revision::decode(input.old_object, version, "oldObject", true).map(|old| {
-                match lifecycle::check_delete(old.v2.lifecycle) {
-                    Ok(()) => Verdict::Allow,
-                    Err(e) => Verdict::Deny(e.to_string()),
-                }
-            }),
-        },
+        Operation::Delete if !has_old => Ok(Verdict::Allow),
+        Operation::Delete if config.may_delete_published(head.username()) => Ok(Verdict::Allow),
+        Operation::Delete => old().map(|old| match lifecycle::check_delete(old.v2.lifecycle) {
+            Ok(()) => Verdict::Allow,
+            Err(e) => Verdict::Deny(e.to_string()),
+        }),
         Operation::Connect => Ok(Verdict::Allow),
     };
     result.unwrap_or_else(|verdict| verdict)
@@ -296,7 +318,7 @@ fn check_create(new: &Revision, controller: bool) -> Verdict {
 fn check_update(
     old: &Revision,
     new: &Revision,
-    input: &AdmissionInput<'_>,
+    input: &RequestHead,
     config: &WebhookConfig,
     controller: bool,
 ) -> Verdict {

@@ -92,3 +92,36 @@ async fn every_fixture_gets_its_expected_answer() {
         problems.join("\n")
     );
 }
+
+/// `/validate` reads v1alpha2 PackageRevision reviews in one pass; every
+/// fixture must get the same verdict that way as through the generic reader.
+#[test]
+fn the_one_pass_reader_agrees_with_the_generic_one() {
+    use porch_webhooks::{review, validate};
+    let config = WebhookConfig::default();
+    let mut fast = 0;
+    for outcome in ["pass", "fail"] {
+        let dir = fixture_dir().join("validate").join(outcome);
+        for entry in std::fs::read_dir(&dir).expect("dir") {
+            let path = entry.expect("entry").path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_owned();
+            if !name.ends_with(".json") || name.ends_with(".expected.json") {
+                continue;
+            }
+            let body = std::fs::read(&path).expect("read");
+            let Some(one_pass) = review::parse_revision_review(&body) else {
+                continue;
+            };
+            fast += 1;
+            let generic = review::parse(&body).expect("the generic reader reads it too");
+            let expected = validate::package_revision(&generic, &config);
+            let (_, got) = validate::package_revision_review(one_pass, &config);
+            assert_eq!(got, expected, "{name}");
+        }
+    }
+    assert!(fast >= 30, "only {fast} fixtures took the one-pass reader");
+}
