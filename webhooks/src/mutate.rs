@@ -24,6 +24,14 @@ use porch_api::{
 };
 use serde_json::{Value, json};
 
+/// Annotations only the package orchestrator writes.
+const GUARDED_ANNOTATIONS: [&str; 4] = [
+    PROPOSED_BY_ANNOTATION,
+    APPROVED_BY_ANNOTATION,
+    V1ALPHA1_FIELDS_ANNOTATION,
+    V1ALPHA2_FIELDS_ANNOTATION,
+];
+
 /// A patch being built against a working copy, so every operation sees the
 /// effect of the ones before it.
 struct PatchBuilder {
@@ -123,12 +131,7 @@ pub fn package_revision(
             }
             patch.ensure_finalizer();
             if !controller {
-                for key in [
-                    PROPOSED_BY_ANNOTATION,
-                    APPROVED_BY_ANNOTATION,
-                    V1ALPHA1_FIELDS_ANNOTATION,
-                    V1ALPHA2_FIELDS_ANNOTATION,
-                ] {
+                for key in GUARDED_ANNOTATIONS {
                     patch.set_entry("annotations", key, None);
                 }
             }
@@ -140,12 +143,7 @@ pub fn package_revision(
             let transition =
                 lifecycle::transition(lifecycle_in(&old)?, lifecycle_in(&patch.object)?).ok();
             if !controller {
-                for key in [
-                    PROPOSED_BY_ANNOTATION,
-                    APPROVED_BY_ANNOTATION,
-                    V1ALPHA1_FIELDS_ANNOTATION,
-                    V1ALPHA2_FIELDS_ANNOTATION,
-                ] {
+                for key in GUARDED_ANNOTATIONS {
                     let stamped = match (key, transition) {
                         (PROPOSED_BY_ANNOTATION, Some(Transition::Propose))
                         | (APPROVED_BY_ANNOTATION, Some(Transition::Approve)) => Some(user.clone()),

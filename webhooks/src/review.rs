@@ -98,9 +98,11 @@ fn none<R>() -> Option<R> {
     None
 }
 
+/// The request of a review, its objects as `O`: raw JSON for the generic
+/// reader, typed for the one-pass one.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Request<'a> {
+#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
+struct Request<O> {
     uid: String,
     kind: GroupVersionKind,
     #[serde(default)]
@@ -111,29 +113,25 @@ struct Request<'a> {
     namespace: Option<String>,
     operation: Operation,
     user_info: UserInfo,
-    #[serde(borrow, default)]
-    object: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    old_object: Option<&'a RawValue>,
+    #[serde(default = "none")]
+    object: Option<O>,
+    #[serde(default = "none")]
+    old_object: Option<O>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct TypedRequest {
-    uid: String,
-    kind: GroupVersionKind,
-    #[serde(default)]
-    sub_resource: Option<String>,
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    namespace: Option<String>,
-    operation: Operation,
-    user_info: UserInfo,
-    #[serde(default)]
-    object: Option<Object<PackageRevisionSpec>>,
-    #[serde(default)]
-    old_object: Option<Object<PackageRevisionSpec>>,
+impl<O> Request<O> {
+    fn into_parts(self) -> (RequestHead, Option<O>, Option<O>) {
+        let head = RequestHead {
+            uid: self.uid,
+            kind: self.kind,
+            sub_resource: self.sub_resource,
+            name: self.name,
+            namespace: self.namespace,
+            operation: self.operation,
+            user_info: self.user_info,
+        };
+        (head, self.object, self.old_object)
+    }
 }
 
 /// Reads a v1alpha2 PackageRevision review in one pass. `None` when the body
@@ -143,12 +141,13 @@ pub fn parse_revision_review(body: &[u8]) -> Option<RevisionReview> {
     let text = std::str::from_utf8(body).ok()?;
     let mut unknown_fields = Vec::new();
     let mut de = serde_json::Deserializer::from_str(text);
-    let envelope: Envelope<TypedRequest> = serde_ignored::deserialize(&mut de, |path| {
-        if let Some(field) = unknown_object_field(&path) {
-            unknown_fields.push(field);
-        }
-    })
-    .ok()?;
+    let envelope: Envelope<Request<Object<PackageRevisionSpec>>> =
+        serde_ignored::deserialize(&mut de, |path| {
+            if let Some(field) = unknown_object_field(&path) {
+                unknown_fields.push(field);
+            }
+        })
+        .ok()?;
     de.end().ok()?;
     if envelope.api_version != "admission.k8s.io/v1" || envelope.kind != "AdmissionReview" {
         return None;
@@ -158,18 +157,11 @@ pub fn parse_revision_review(body: &[u8]) -> Option<RevisionReview> {
     if k.group != "porch.kpt.dev" || k.version != "v1alpha2" || k.kind != "PackageRevision" {
         return None;
     }
+    let (head, object, old_object) = request.into_parts();
     Some(RevisionReview {
-        head: RequestHead {
-            uid: request.uid,
-            kind: request.kind,
-            sub_resource: request.sub_resource,
-            name: request.name,
-            namespace: request.namespace,
-            operation: request.operation,
-            user_info: request.user_info,
-        },
-        object: request.object,
-        old_object: request.old_object,
+        head,
+        object,
+        old_object,
         unknown_fields,
     })
 }
@@ -231,7 +223,7 @@ pub fn parse(body: &[u8]) -> Result<AdmissionInput<'_>, Box<AdmissionResponse>> 
             "invalid AdmissionReview: not UTF-8: {e}"
         )))
     })?;
-    let envelope: Envelope<Request<'_>> = serde_json::from_str(text).map_err(|e| {
+    let envelope: Envelope<Request<&RawValue>> = serde_json::from_str(text).map_err(|e| {
         Box::new(AdmissionResponse::invalid(format!(
             "invalid AdmissionReview: {e}"
         )))
@@ -247,18 +239,11 @@ pub fn parse(body: &[u8]) -> Result<AdmissionInput<'_>, Box<AdmissionResponse>> 
     let request = envelope
         .request
         .ok_or_else(|| Box::new(AdmissionResponse::invalid("AdmissionReview has no request")))?;
+    let (head, object, old_object) = request.into_parts();
     Ok(AdmissionInput {
-        head: RequestHead {
-            uid: request.uid,
-            kind: request.kind,
-            sub_resource: request.sub_resource,
-            name: request.name,
-            namespace: request.namespace,
-            operation: request.operation,
-            user_info: request.user_info,
-        },
-        object: request.object,
-        old_object: request.old_object,
+        head,
+        object,
+        old_object,
     })
 }
 
