@@ -1,0 +1,15 @@
+//! Porch's git layout (spec `porch-v1alpha2.md` §4.1, §4.2): where each
+//! package revision lives in a repository, how its commits are titled and
+//! annotated, and who authors them.
+//!
+//! * [`layout`]: ref names of drafts, proposed revisions, tags, deletion
+//!   proposals and the registered branch, and parsing them back;
+//! * [`annotation`]: the `kpt:` JSON annotation in commit messages, with the
+//!   real task and the PackageRevision uid and generation;
+//! * [`identity`]: author and committer rules.
+//!
+//! Pure: no repository access here; the engine built on gix uses these.
+
+pub mod annotation;
+pub mod identity;
+pub mod layout;
