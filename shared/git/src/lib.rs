@@ -6,10 +6,11 @@
 //!   proposals and the registered branch, and parsing them back;
 //! * [`annotation`]: the `kpt:` JSON annotation in commit messages, with the
 //!   real task and the PackageRevision uid and generation;
-//! * [`identity`]: author and committer rules.
-//!
-//! Pure: no repository access here; the engine built on gix uses these.
+//! * [`identity`]: author and committer rules;
+//! * [`repo`]: repository access with gix (objects, package trees,
+//!   compare-and-swap ref updates), isolated from user configuration.
 
 pub mod annotation;
 pub mod identity;
 pub mod layout;
+pub mod repo;

@@ -1,0 +1,332 @@
+//! Repository access with gix: objects, package trees and compare-and-swap
+//! ref updates, with no `git` binary and no user or system configuration.
+//!
+//! gix is blocking; async callers wrap these calls in `spawn_blocking`.
+
+use crate::identity::Identity;
+use gix::ObjectId;
+use gix::bstr::ByteSlice;
+use gix::objs::tree::EntryKind;
+use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
+use gix::refs::{FullName, Target};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A package's files: slash paths relative to the package root → contents.
+pub type Files = BTreeMap<String, Vec<u8>>;
+
+/// Why a repository operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RepoError {
+    #[error("failed to open the repository at {path}")]
+    Open {
+        path: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("file path {path:?} is not allowed in a package: {reason}")]
+    UnsafePath { path: String, reason: &'static str },
+    #[error("failed to {step}")]
+    Git {
+        step: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("ref {name} changed: expected {expected}, the repository has {actual}")]
+    Conflict {
+        name: String,
+        expected: String,
+        actual: String,
+    },
+}
+
+fn git<E: std::error::Error + Send + Sync + 'static>(
+    step: &'static str,
+) -> impl FnOnce(E) -> RepoError {
+    move |e| RepoError::Git {
+        step,
+        source: Box::new(e),
+    }
+}
+
+/// Checks a file path inside a package: relative, no `.`/`..`/`.git`
+/// segments, no empty segments, no backslashes or control characters.
+///
+/// # Errors
+/// The first rule the path breaks.
+pub fn validate_file_path(path: &str) -> Result<(), RepoError> {
+    let bad = |reason| RepoError::UnsafePath {
+        path: path.chars().take(120).collect(),
+        reason,
+    };
+    if path.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    if path.len() > 4096 {
+        return Err(bad("it is longer than 4096 bytes"));
+    }
+    if path.starts_with('/') {
+        return Err(bad("absolute paths are not allowed"));
+    }
+    if path.chars().any(|c| c.is_control() || c == '\\') {
+        return Err(bad("control characters and backslashes are not allowed"));
+    }
+    for segment in path.split('/') {
+        match segment {
+            "" => return Err(bad("empty path segments are not allowed")),
+            "." | ".." => return Err(bad("'.' and '..' segments are not allowed")),
+            s if s.eq_ignore_ascii_case(".git") => {
+                return Err(bad("'.git' segments are not allowed"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A git repository on local disk.
+pub struct GitRepo {
+    repo: gix::Repository,
+}
+
+impl std::fmt::Debug for GitRepo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitRepo")
+            .field("path", &self.repo.path())
+            .finish()
+    }
+}
+
+impl GitRepo {
+    /// Creates a bare repository (or opens the one already there).
+    ///
+    /// # Errors
+    /// The directory cannot be created or holds something else.
+    pub fn init_bare(path: &Path) -> Result<Self, RepoError> {
+        if path.join("HEAD").exists() {
+            return Self::open(path);
+        }
+        gix::init_bare(path).map_err(|e| RepoError::Open {
+            path: path.display().to_string(),
+            source: Box::new(e),
+        })?;
+        Self::open(path)
+    }
+
+    /// Opens a repository isolated from user and system configuration.
+    ///
+    /// # Errors
+    /// No repository at `path`.
+    pub fn open(path: &Path) -> Result<Self, RepoError> {
+        let repo =
+            gix::open_opts(path, gix::open::Options::isolated()).map_err(|e| RepoError::Open {
+                path: path.display().to_string(),
+                source: Box::new(e),
+            })?;
+        Ok(Self { repo })
+    }
+
+    /// Writes a tree holding exactly `files`.
+    ///
+    /// # Errors
+    /// An unsafe file path, or a failed object write.
+    pub fn write_files(&self, files: &Files) -> Result<ObjectId, RepoError> {
+        for path in files.keys() {
+            validate_file_path(path)?;
+        }
+        let empty = ObjectId::empty_tree(self.repo.object_hash());
+        let mut editor = self.repo.edit_tree(empty).map_err(git("start a tree"))?;
+        for (path, content) in files {
+            let blob = self.repo.write_blob(content).map_err(git("write a blob"))?;
+            editor
+                .upsert(path.as_str(), EntryKind::Blob, blob.detach())
+                .map_err(git("add a file to a tree"))?;
+        }
+        Ok(editor.write().map_err(git("write a tree"))?.detach())
+    }
+
+    /// `base` with the directory at `path` replaced by `subtree` (or removed
+    /// when `subtree` is `None`); `base = None` starts from an empty tree.
+    ///
+    /// # Errors
+    /// An unsafe path or a failed object write.
+    pub fn replace_subtree(
+        &self,
+        base: Option<ObjectId>,
+        path: &str,
+        subtree: Option<ObjectId>,
+    ) -> Result<ObjectId, RepoError> {
+        validate_file_path(path)?;
+        let base = base.unwrap_or_else(|| ObjectId::empty_tree(self.repo.object_hash()));
+        let mut editor = self.repo.edit_tree(base).map_err(git("start a tree"))?;
+        editor
+            .remove(path)
+            .map_err(git("remove a directory from a tree"))?;
+        if let Some(subtree) = subtree {
+            editor
+                .upsert(path, EntryKind::Tree, subtree)
+                .map_err(git("add a directory to a tree"))?;
+        }
+        Ok(editor.write().map_err(git("write a tree"))?.detach())
+    }
+
+    /// Writes a commit object (no ref moves).
+    ///
+    /// # Errors
+    /// A failed object write.
+    pub fn commit(
+        &self,
+        tree: ObjectId,
+        parents: &[ObjectId],
+        message: &str,
+        author: &Identity,
+        committer: &Identity,
+        seconds_since_epoch: i64,
+    ) -> Result<ObjectId, RepoError> {
+        let signature = |who: &Identity| gix::actor::Signature {
+            name: who.name.as_str().into(),
+            email: who.email.as_str().into(),
+            time: gix::date::Time::new(seconds_since_epoch, 0),
+        };
+        let commit = gix::objs::Commit {
+            tree,
+            parents: parents.iter().copied().collect(),
+            author: signature(author),
+            committer: signature(committer),
+            encoding: None,
+            message: message.into(),
+            extra_headers: Vec::new(),
+        };
+        Ok(self
+            .repo
+            .write_object(&commit)
+            .map_err(git("write a commit"))?
+            .detach())
+    }
+
+    /// The tree of a commit.
+    ///
+    /// # Errors
+    /// No such commit.
+    pub fn tree_of(&self, commit: ObjectId) -> Result<ObjectId, RepoError> {
+        let commit = self
+            .repo
+            .find_commit(commit)
+            .map_err(git("find a commit"))?;
+        commit
+            .tree_id()
+            .map(|id| id.detach())
+            .map_err(git("read a commit's tree"))
+    }
+
+    /// The files under `dir` (slashes trimmed; empty for the whole tree) in
+    /// the tree of `commit`, keyed relative to `dir`.
+    ///
+    /// # Errors
+    /// No such commit, or an unreadable object.
+    pub fn read_files(&self, commit: ObjectId, dir: &str) -> Result<Files, RepoError> {
+        let dir = dir.trim_matches('/');
+        let tree = self
+            .repo
+            .find_tree(self.tree_of(commit)?)
+            .map_err(git("find a tree"))?;
+        let mut recorder = gix::traverse::tree::Recorder::default();
+        tree.traverse()
+            .breadthfirst(&mut recorder)
+            .map_err(git("walk a tree"))?;
+        let prefix = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let mut files = Files::new();
+        for entry in recorder.records {
+            if !entry.mode.is_blob() {
+                continue;
+            }
+            let path = entry.filepath.to_str_lossy();
+            let Some(relative) = path.strip_prefix(prefix.as_str()) else {
+                continue;
+            };
+            let blob = self.repo.find_blob(entry.oid).map_err(git("read a blob"))?;
+            files.insert(relative.to_owned(), blob.data.clone());
+        }
+        Ok(files)
+    }
+
+    /// Every ref, peeled to the object it points at.
+    ///
+    /// # Errors
+    /// The refs cannot be read.
+    pub fn refs(&self) -> Result<BTreeMap<String, ObjectId>, RepoError> {
+        let platform = self.repo.references().map_err(git("list refs"))?;
+        let mut out = BTreeMap::new();
+        for reference in platform.all().map_err(git("list refs"))? {
+            let mut reference = reference.map_err(git("read a ref"))?;
+            let name = reference.name().as_bstr().to_str_lossy().into_owned();
+            if let Ok(id) = reference.peel_to_id() {
+                out.insert(name, id.detach());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Compare-and-swap of one ref: `expected` is its current value (`None`:
+    /// it must not exist), `new` the value to set (`None`: delete it).
+    ///
+    /// # Errors
+    /// [`RepoError::Conflict`] when the ref is not at `expected`.
+    pub fn update_ref(
+        &self,
+        name: &str,
+        expected: Option<ObjectId>,
+        new: Option<ObjectId>,
+    ) -> Result<(), RepoError> {
+        let full: FullName = name.try_into().map_err(git("parse a ref name"))?;
+        let previous = match expected {
+            Some(id) => PreviousValue::MustExistAndMatch(Target::Object(id)),
+            None => PreviousValue::MustNotExist,
+        };
+        let change = match new {
+            Some(id) => Change::Update {
+                log: LogChange::default(),
+                expected: previous,
+                new: Target::Object(id),
+            },
+            None => Change::Delete {
+                expected: previous,
+                log: RefLog::AndReference,
+            },
+        };
+        let current = self.refs()?.get(name).copied();
+        if current != expected {
+            return Err(RepoError::Conflict {
+                name: name.to_owned(),
+                expected: expected.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
+                actual: current.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
+            });
+        }
+        self.repo
+            .edit_reference(RefEdit {
+                change,
+                name: full,
+                deref: false,
+            })
+            .map_err(|e| {
+                // lost a race after the check: report what is there now
+                let actual = self.refs().ok().and_then(|r| r.get(name).copied());
+                match actual == expected {
+                    true => RepoError::Git {
+                        step: "update a ref",
+                        source: Box::new(e),
+                    },
+                    false => RepoError::Conflict {
+                        name: name.to_owned(),
+                        expected: expected.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
+                        actual: actual.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
+                    },
+                }
+            })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,4 @@
+//! Integration tests of porch-git against the git CLI (tests may use git;
+//! product code never does).
+
+mod repo;

@@ -1,0 +1,295 @@
+//! Repositories written with gix are what the git CLI sees, and repositories
+//! laid out by the git CLI are what gix reads.
+
+use porch_api::v1alpha1::{Task, TaskType};
+use porch_git::annotation::{Annotation, draft_message, parse_annotations};
+use porch_git::identity::{Identity, committer, orchestrator};
+use porch_git::layout::{RepoLayout, RevisionRef};
+use porch_git::repo::{Files, GitRepo, RepoError};
+use std::path::Path;
+use std::process::Command;
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("--git-dir")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "fixture")
+        .env("GIT_AUTHOR_EMAIL", "fixture@example.com")
+        .env("GIT_COMMITTER_NAME", "fixture")
+        .env("GIT_COMMITTER_EMAIL", "fixture@example.com")
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8")
+}
+
+fn package() -> Files {
+    Files::from([
+        (
+            "Kptfile".to_owned(),
+            b"apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: basens\n".to_vec(),
+        ),
+        (
+            "namespace.yaml".to_owned(),
+            b"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns\n".to_vec(),
+        ),
+        (
+            "sub/cm.yaml".to_owned(),
+            b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\n".to_vec(),
+        ),
+    ])
+}
+
+#[test]
+fn a_draft_written_with_gix_is_what_git_sees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let layout = RepoLayout::new("blueprints", "main");
+    let subtree = repo.write_files(&package()).expect("tree");
+    let tree = repo
+        .replace_subtree(None, &layout.full_path("basens"), Some(subtree))
+        .expect("root tree");
+    let annotation = Annotation {
+        package_path: layout.full_path("basens"),
+        workspace_name: "ws1".into(),
+        revision: "0".into(),
+        task: Some(Task {
+            type_: TaskType::Init,
+            ..Default::default()
+        }),
+        uid: "uid-1".into(),
+        generation: Some(1),
+    };
+    let author = Identity::of_user("alice@example.com");
+    let commit = repo
+        .commit(
+            tree,
+            &[],
+            &draft_message(&annotation),
+            &author,
+            &committer(),
+            1_795_000_000,
+        )
+        .expect("commit");
+    let draft = layout.draft_ref("basens", "ws1").expect("ref");
+    repo.update_ref(&draft, None, Some(commit))
+        .expect("create the draft");
+
+    assert_eq!(
+        git(
+            dir.path(),
+            &["show", &format!("{draft}:blueprints/basens/sub/cm.yaml")]
+        ),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\n"
+    );
+    assert_eq!(
+        git(dir.path(), &["rev-parse", &draft]).trim(),
+        commit.to_string()
+    );
+    let log = git(
+        dir.path(),
+        &["log", "-1", "--format=%an|%ae|%cn|%ce|%at", &draft],
+    );
+    assert_eq!(
+        log.trim(),
+        "alice@example.com|alice@example.com|Package Orchestration Service|porch@kpt.dev|1795000000"
+    );
+    let message = git(dir.path(), &["log", "-1", "--format=%B", &draft]);
+    let (found, errors) = parse_annotations(&message);
+    assert!(errors.is_empty());
+    assert_eq!(found, vec![annotation]);
+    git(dir.path(), &["fsck", "--strict", "--no-dangling"]);
+
+    // and read back with gix
+    assert_eq!(
+        repo.read_files(commit, "blueprints/basens").expect("read"),
+        package()
+    );
+    let refs = repo.refs().expect("refs");
+    assert_eq!(refs.get(&draft), Some(&commit));
+    assert_eq!(
+        layout.parse_ref(&draft),
+        Some(RevisionRef::Draft {
+            package: "basens".into(),
+            workspace: "ws1".into()
+        })
+    );
+}
+
+#[test]
+fn replacing_one_package_keeps_the_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let a = repo.write_files(&package()).expect("a");
+    let mut other = package();
+    other.insert("extra.yaml".into(), b"x: 1\n".to_vec());
+    let b = repo.write_files(&other).expect("b");
+    let tree = repo.replace_subtree(None, "pkgs/a", Some(a)).expect("tree");
+    let tree = repo
+        .replace_subtree(Some(tree), "pkgs/b", Some(a))
+        .expect("tree");
+    let tree = repo
+        .replace_subtree(Some(tree), "pkgs/b", Some(b))
+        .expect("replace");
+    let commit = repo
+        .commit(tree, &[], "t", &orchestrator(), &committer(), 0)
+        .expect("commit");
+    assert_eq!(repo.read_files(commit, "pkgs/a").expect("a"), package());
+    assert_eq!(repo.read_files(commit, "/pkgs/b/").expect("b"), other);
+    let removed = repo
+        .replace_subtree(Some(tree), "pkgs/a", None)
+        .expect("remove");
+    let commit = repo
+        .commit(
+            removed,
+            &[commit],
+            "Delete pkgs/a",
+            &orchestrator(),
+            &committer(),
+            0,
+        )
+        .expect("commit");
+    assert!(repo.read_files(commit, "pkgs/a").expect("a").is_empty());
+    assert_eq!(repo.read_files(commit, "pkgs/b").expect("b"), other);
+}
+
+#[test]
+fn ref_updates_are_compare_and_swap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let tree = repo.write_files(&package()).expect("tree");
+    let c1 = repo
+        .commit(tree, &[], "one", &orchestrator(), &committer(), 1)
+        .expect("c1");
+    let c2 = repo
+        .commit(tree, &[c1], "two", &orchestrator(), &committer(), 2)
+        .expect("c2");
+    let name = "refs/heads/drafts/basens/ws";
+    repo.update_ref(name, None, Some(c1)).expect("create");
+    assert!(matches!(
+        repo.update_ref(name, None, Some(c2)),
+        Err(RepoError::Conflict { .. })
+    ));
+    assert!(matches!(
+        repo.update_ref(name, Some(c2), Some(c1)),
+        Err(RepoError::Conflict { .. })
+    ));
+    repo.update_ref(name, Some(c1), Some(c2))
+        .expect("fast-forward");
+    assert_eq!(git(dir.path(), &["rev-parse", name]).trim(), c2.to_string());
+    let err = repo
+        .update_ref(name, Some(c1), None)
+        .expect_err("stale delete");
+    assert!(err.to_string().contains("changed"), "{err}");
+    repo.update_ref(name, Some(c2), None).expect("delete");
+    assert!(
+        git(dir.path(), &["for-each-ref", "--format=%(refname)"])
+            .trim()
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_repository_laid_out_by_git_is_read() {
+    // a Porch-style repository made with the git CLI: the package on main and a tag
+    let work = tempfile::tempdir().expect("work");
+    let bare = tempfile::tempdir().expect("bare");
+    let run = |args: &[&str]| {
+        let out = Command::new("git")
+            .current_dir(work.path())
+            .args(args)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_NAME", "fixture")
+            .env("GIT_AUTHOR_EMAIL", "fixture@example.com")
+            .env("GIT_COMMITTER_NAME", "fixture")
+            .env("GIT_COMMITTER_EMAIL", "fixture@example.com")
+            .output()
+            .expect("git");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&["init", "-q", "-b", "main"]);
+    std::fs::create_dir_all(work.path().join("basens")).expect("mkdir");
+    for (path, content) in package() {
+        let file = work.path().join("basens").join(&path);
+        std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+        std::fs::write(file, content).expect("write");
+    }
+    run(&["add", "."]);
+    run(&[
+        "commit",
+        "-q",
+        "-m",
+        "Approving package revision basens/1\n\nkpt:{\"package\":\"basens\",\"workspaceName\":\"ws\",\"revision\":\"1\"}",
+    ]);
+    run(&["tag", "basens/v1"]);
+    run(&["tag", "v1.0.0"]);
+    run(&[
+        "clone",
+        "-q",
+        "--bare",
+        ".",
+        bare.path().to_str().expect("utf8"),
+    ]);
+
+    let repo = GitRepo::open(bare.path()).expect("open");
+    let layout = RepoLayout::new("", "main");
+    let refs = repo.refs().expect("refs");
+    let revisions: Vec<_> = refs
+        .keys()
+        .filter_map(|name| layout.parse_ref(name))
+        .collect();
+    assert_eq!(
+        revisions,
+        vec![
+            RevisionRef::Branch,
+            RevisionRef::Tag {
+                package: "basens".into(),
+                revision: 1
+            }
+        ]
+    );
+    let tag = refs["refs/tags/basens/v1"];
+    assert_eq!(repo.read_files(tag, "basens").expect("files"), package());
+}
+
+#[test]
+fn hostile_file_paths_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    for bad in [
+        "../escape.yaml",
+        "/etc/passwd",
+        "a/../../b",
+        ".git/config",
+        "a//b",
+        "a\\b",
+        "",
+        "sub/.GIT/x",
+        "x\u{1}",
+    ] {
+        let files = Files::from([(bad.to_owned(), b"x".to_vec())]);
+        let err = repo.write_files(&files).expect_err(bad);
+        assert!(
+            matches!(err, RepoError::UnsafePath { .. }),
+            "{bad:?}: {err}"
+        );
+        assert!(repo.replace_subtree(None, bad, None).is_err(), "{bad:?}");
+    }
+    let objects = git(dir.path(), &["count-objects", "-v"]);
+    assert!(
+        objects.contains("count: 0") && objects.contains("in-pack: 0"),
+        "{objects}"
+    );
+}
