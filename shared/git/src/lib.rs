@@ -7,10 +7,12 @@
 //! * [`annotation`]: the `kpt:` JSON annotation in commit messages, with the
 //!   real task and the PackageRevision uid and generation;
 //! * [`identity`]: author and committer rules;
+//! * [`discovery`]: every package revision of a repository, from its refs;
 //! * [`repo`]: repository access with gix (objects, package trees,
 //!   compare-and-swap ref updates), isolated from user configuration.
 
 pub mod annotation;
+pub mod discovery;
 pub mod identity;
 pub mod layout;
 pub mod repo;

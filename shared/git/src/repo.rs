@@ -84,6 +84,16 @@ pub fn validate_file_path(path: &str) -> Result<(), RepoError> {
     Ok(())
 }
 
+/// What a commit says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitInfo {
+    pub author_name: String,
+    pub author_email: String,
+    /// Seconds since the Unix epoch.
+    pub author_time: i64,
+    pub message: String,
+}
+
 /// A git repository on local disk.
 pub struct GitRepo {
     repo: gix::Repository,
@@ -252,6 +262,68 @@ impl GitRepo {
             files.insert(relative.to_owned(), blob.data.clone());
         }
         Ok(files)
+    }
+
+    /// Paths of every file in the tree of `commit`.
+    ///
+    /// # Errors
+    /// No such commit, or an unreadable tree.
+    pub fn list_files(&self, commit: ObjectId) -> Result<Vec<String>, RepoError> {
+        let tree = self
+            .repo
+            .find_tree(self.tree_of(commit)?)
+            .map_err(git("find a tree"))?;
+        let mut recorder = gix::traverse::tree::Recorder::default();
+        tree.traverse()
+            .breadthfirst(&mut recorder)
+            .map_err(git("walk a tree"))?;
+        Ok(recorder
+            .records
+            .into_iter()
+            .filter(|e| e.mode.is_blob())
+            .map(|e| e.filepath.to_str_lossy().into_owned())
+            .collect())
+    }
+
+    /// One file of the tree of `commit`, if it is there.
+    ///
+    /// # Errors
+    /// No such commit, or an unreadable object.
+    pub fn file(&self, commit: ObjectId, path: &str) -> Result<Option<Vec<u8>>, RepoError> {
+        let tree = self
+            .repo
+            .find_tree(self.tree_of(commit)?)
+            .map_err(git("find a tree"))?;
+        let Some(entry) = tree
+            .lookup_entry_by_path(path)
+            .map_err(git("look up a path"))?
+        else {
+            return Ok(None);
+        };
+        if !entry.mode().is_blob() {
+            return Ok(None);
+        }
+        let blob = self
+            .repo
+            .find_blob(entry.object_id())
+            .map_err(git("read a blob"))?;
+        Ok(Some(blob.data.clone()))
+    }
+
+    /// Author, time and message of a commit.
+    ///
+    /// # Errors
+    /// No such commit, or one that does not decode.
+    pub fn commit_info(&self, id: ObjectId) -> Result<CommitInfo, RepoError> {
+        let commit = self.repo.find_commit(id).map_err(git("find a commit"))?;
+        let author = commit.author().map_err(git("read a commit's author"))?;
+        let seconds = author.time().map(|t| t.seconds).unwrap_or_default();
+        Ok(CommitInfo {
+            author_name: author.name.to_str_lossy().into_owned(),
+            author_email: author.email.to_str_lossy().into_owned(),
+            author_time: seconds,
+            message: commit.message_raw_sloppy().to_str_lossy().into_owned(),
+        })
     }
 
     /// Every ref, peeled to the object it points at.

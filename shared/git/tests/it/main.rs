@@ -1,4 +1,5 @@
 //! Integration tests of porch-git against the git CLI (tests may use git;
 //! product code never does).
 
+mod discovery;
 mod repo;
