@@ -354,51 +354,103 @@ impl GitRepo {
         expected: Option<ObjectId>,
         new: Option<ObjectId>,
     ) -> Result<(), RepoError> {
-        let full: FullName = name.try_into().map_err(git("parse a ref name"))?;
-        let previous = match expected {
-            Some(id) => PreviousValue::MustExistAndMatch(Target::Object(id)),
-            None => PreviousValue::MustNotExist,
-        };
-        let change = match new {
-            Some(id) => Change::Update {
-                log: LogChange::default(),
-                expected: previous,
-                new: Target::Object(id),
-            },
-            None => Change::Delete {
-                expected: previous,
-                log: RefLog::AndReference,
-            },
-        };
-        let current = self.refs()?.get(name).copied();
-        if current != expected {
-            return Err(RepoError::Conflict {
-                name: name.to_owned(),
-                expected: expected.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
-                actual: current.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
+        self.update_refs(&[RefUpdate {
+            name: name.to_owned(),
+            expected,
+            new,
+        }])
+    }
+
+    /// Several compare-and-swap ref updates in one transaction: all refs are
+    /// locked, every expected value is checked, then all change or none.
+    ///
+    /// # Errors
+    /// [`RepoError::Conflict`] naming the first ref not at its expected value.
+    pub fn update_refs(&self, updates: &[RefUpdate]) -> Result<(), RepoError> {
+        let mut edits = Vec::with_capacity(updates.len());
+        for update in updates {
+            let name: FullName = update
+                .name
+                .as_str()
+                .try_into()
+                .map_err(git("parse a ref name"))?;
+            let expected = match update.expected {
+                Some(id) => PreviousValue::MustExistAndMatch(Target::Object(id)),
+                None => PreviousValue::MustNotExist,
+            };
+            let change = match update.new {
+                Some(id) => Change::Update {
+                    log: LogChange::default(),
+                    expected,
+                    new: Target::Object(id),
+                },
+                None => Change::Delete {
+                    expected,
+                    log: RefLog::AndReference,
+                },
+            };
+            edits.push(RefEdit {
+                change,
+                name,
+                deref: false,
             });
         }
-        self.repo
-            .edit_reference(RefEdit {
-                change,
-                name: full,
-                deref: false,
+        let conflict = |refs: &BTreeMap<String, ObjectId>| {
+            updates.iter().find_map(|u| {
+                let actual = refs.get(&u.name).copied();
+                (actual != u.expected).then(|| RepoError::Conflict {
+                    name: u.name.clone(),
+                    expected: u
+                        .expected
+                        .map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
+                    actual: actual.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
+                })
             })
-            .map_err(|e| {
-                // lost a race after the check: report what is there now
-                let actual = self.refs().ok().and_then(|r| r.get(name).copied());
-                match actual == expected {
-                    true => RepoError::Git {
-                        step: "update a ref",
-                        source: Box::new(e),
-                    },
-                    false => RepoError::Conflict {
-                        name: name.to_owned(),
-                        expected: expected.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
-                        actual: actual.map_or_else(|| "no ref".to_owned(), |id| id.to_string()),
-                    },
-                }
-            })?;
+        };
+        if let Some(err) = conflict(&self.refs()?) {
+            return Err(err);
+        }
+        self.repo.edit_references(edits).map_err(|e| {
+            // lost a race after the check: say which ref moved
+            match self.refs().ok().as_ref().and_then(conflict) {
+                Some(err) => err,
+                None => RepoError::Git {
+                    step: "update refs",
+                    source: Box::new(e),
+                },
+            }
+        })?;
         Ok(())
     }
+
+    /// The first-parent history of `commit`, newest first, at most `limit`.
+    ///
+    /// # Errors
+    /// An unreadable commit.
+    pub fn first_parents(
+        &self,
+        commit: ObjectId,
+        limit: usize,
+    ) -> Result<Vec<ObjectId>, RepoError> {
+        let mut out = Vec::new();
+        let mut at = Some(commit);
+        while let Some(id) = at {
+            if out.len() >= limit {
+                break;
+            }
+            out.push(id);
+            let c = self.repo.find_commit(id).map_err(git("find a commit"))?;
+            at = c.parent_ids().next().map(|p| p.detach());
+        }
+        Ok(out)
+    }
+}
+
+/// One compare-and-swap ref update: `expected` `None` means the ref must not
+/// exist, `new` `None` deletes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefUpdate {
+    pub name: String,
+    pub expected: Option<ObjectId>,
+    pub new: Option<ObjectId>,
 }
