@@ -8,6 +8,8 @@
 //!   real task and the PackageRevision uid and generation;
 //! * [`identity`]: author and committer rules;
 //! * [`discovery`]: every package revision of a repository, from its refs;
+//! * [`operations`]: draft, propose, reject, publish, deletion on a local
+//!   repository, every ref change a compare-and-swap, safe to repeat;
 //! * [`repo`]: repository access with gix (objects, package trees,
 //!   compare-and-swap ref updates), isolated from user configuration.
 
@@ -15,4 +17,5 @@ pub mod annotation;
 pub mod discovery;
 pub mod identity;
 pub mod layout;
+pub mod operations;
 pub mod repo;

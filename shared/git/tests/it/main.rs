@@ -2,4 +2,5 @@
 //! product code never does).
 
 mod discovery;
+mod operations;
 mod repo;
