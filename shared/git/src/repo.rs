@@ -331,14 +331,31 @@ impl GitRepo {
     /// # Errors
     /// The refs cannot be read.
     pub fn refs(&self) -> Result<BTreeMap<String, ObjectId>, RepoError> {
+        // another process may delete a loose ref between listing and reading
+        // it; list again rather than fail
+        const ATTEMPTS: usize = 8;
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            match self.try_refs() {
+                Ok(refs) => return Ok(refs),
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1 << attempt.min(5)));
+        }
+        Err(last.unwrap_or_else(|| RepoError::Git {
+            step: "list refs",
+            source: "no attempt was made".into(),
+        }))
+    }
+
+    fn try_refs(&self) -> Result<BTreeMap<String, ObjectId>, RepoError> {
         let platform = self.repo.references().map_err(git("list refs"))?;
         let mut out = BTreeMap::new();
         for reference in platform.all().map_err(git("list refs"))? {
             let mut reference = reference.map_err(git("read a ref"))?;
             let name = reference.name().as_bstr().to_str_lossy().into_owned();
-            if let Ok(id) = reference.peel_to_id() {
-                out.insert(name, id.detach());
-            }
+            let id = reference.peel_to_id().map_err(git("peel a ref"))?;
+            out.insert(name, id.detach());
         }
         Ok(out)
     }
