@@ -10,6 +10,8 @@
 //! * [`discovery`]: every package revision of a repository, from its refs;
 //! * [`operations`]: draft, propose, reject, publish, deletion on a local
 //!   repository, every ref change a compare-and-swap, safe to repeat;
+//! * [`store`]: object stores with S3's conditional-write semantics (the
+//!   local directory store; S3 comes with the snapshot);
 //! * [`repo`]: repository access with gix (objects, package trees,
 //!   compare-and-swap ref updates), isolated from user configuration.
 
@@ -19,3 +21,4 @@ pub mod identity;
 pub mod layout;
 pub mod operations;
 pub mod repo;
+pub mod store;

@@ -4,3 +4,4 @@
 mod discovery;
 mod operations;
 mod repo;
+mod store;
