@@ -10,6 +10,8 @@
 //! * [`discovery`]: every package revision of a repository, from its refs;
 //! * [`operations`]: draft, propose, reject, publish, deletion on a local
 //!   repository, every ref change a compare-and-swap, safe to repeat;
+//! * [`pktline`]: the wire pieces of native push (pkt-lines, ref
+//!   advertisement, side-band, report-status) parsed from untrusted input;
 //! * [`store`]: object stores with S3's conditional-write semantics (the
 //!   local directory store; S3 comes with the snapshot);
 //! * [`repo`]: repository access with gix (objects, package trees,
@@ -20,5 +22,6 @@ pub mod discovery;
 pub mod identity;
 pub mod layout;
 pub mod operations;
+pub mod pktline;
 pub mod repo;
 pub mod store;

@@ -293,3 +293,39 @@ fn hostile_file_paths_are_refused_before_anything_is_written() {
         "{objects}"
     );
 }
+
+/// The advertisement a real `git receive-pack` sends parses to our refs.
+#[test]
+fn a_real_receive_pack_advertisement_parses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let tree = repo.write_files(&package()).expect("tree");
+    let c = repo
+        .commit(tree, &[], "x", &orchestrator(), &committer(), 1)
+        .expect("commit");
+    repo.update_ref("refs/heads/main", None, Some(c))
+        .expect("main");
+    repo.update_ref("refs/tags/basens/v1", None, Some(c))
+        .expect("tag");
+    let out = Command::new("git")
+        .args(["receive-pack", "--advertise-refs"])
+        .arg(dir.path())
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .expect("git receive-pack");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let advertisement = porch_git::pktline::parse_advertisement(&out.stdout).expect("parse");
+    let advertised: std::collections::BTreeMap<_, _> = advertisement.refs.into_iter().collect();
+    assert_eq!(advertised, repo.refs().expect("refs"));
+    for capability in ["report-status", "delete-refs", "atomic", "side-band-64k"] {
+        assert!(
+            advertisement.capabilities.contains(capability),
+            "{capability}"
+        );
+    }
+}
