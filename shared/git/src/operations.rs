@@ -78,6 +78,34 @@ impl Packages<'_> {
         }
     }
 
+    /// A draft commit: `files` as the package inside the tree of `base`
+    /// (empty without one), on top of `base`.
+    fn draft_commit(
+        &self,
+        package: &str,
+        workspace: &str,
+        files: &Files,
+        task: Task,
+        actor: &Actor,
+        base: Option<ObjectId>,
+    ) -> Result<ObjectId, OperationError> {
+        let tree = base.map(|c| self.repo.tree_of(c)).transpose()?;
+        let subtree = self.repo.write_files(files)?;
+        let tree =
+            self.repo
+                .replace_subtree(tree, &self.layout.full_path(package), Some(subtree))?;
+        let message = draft_message(&self.annotation(package, workspace, "0", Some(task), actor));
+        let parents: Vec<ObjectId> = base.into_iter().collect();
+        Ok(self.repo.commit(
+            tree,
+            &parents,
+            &message,
+            &actor.author,
+            &committer(),
+            actor.time,
+        )?)
+    }
+
     /// A new draft from the branch head with `files` as the package.
     /// Repeating it for the same uid and generation returns the same commit.
     ///
@@ -105,21 +133,7 @@ impl Packages<'_> {
             }
         }
         let branch = self.head(&self.layout.branch_ref())?;
-        let base = branch.map(|c| self.repo.tree_of(c)).transpose()?;
-        let subtree = self.repo.write_files(files)?;
-        let tree =
-            self.repo
-                .replace_subtree(base, &self.layout.full_path(package), Some(subtree))?;
-        let message = draft_message(&self.annotation(package, workspace, "0", Some(task), actor));
-        let parents: Vec<ObjectId> = branch.into_iter().collect();
-        let commit = self.repo.commit(
-            tree,
-            &parents,
-            &message,
-            &actor.author,
-            &committer(),
-            actor.time,
-        )?;
+        let commit = self.draft_commit(package, workspace, files, task, actor, branch)?;
         self.repo.update_ref(&draft, None, Some(commit))?;
         Ok(commit)
     }
@@ -143,21 +157,7 @@ impl Packages<'_> {
         if self.annotated_for(head, actor)? {
             return Ok(head);
         }
-        let subtree = self.repo.write_files(files)?;
-        let tree = self.repo.replace_subtree(
-            Some(self.repo.tree_of(head)?),
-            &self.layout.full_path(package),
-            Some(subtree),
-        )?;
-        let message = draft_message(&self.annotation(package, workspace, "0", Some(task), actor));
-        let commit = self.repo.commit(
-            tree,
-            &[head],
-            &message,
-            &actor.author,
-            &committer(),
-            actor.time,
-        )?;
+        let commit = self.draft_commit(package, workspace, files, task, actor, Some(head))?;
         self.repo.update_ref(&draft, Some(head), Some(commit))?;
         Ok(commit)
     }

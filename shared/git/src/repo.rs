@@ -229,46 +229,8 @@ impl GitRepo {
             .map_err(git("read a commit's tree"))
     }
 
-    /// The files under `dir` (slashes trimmed; empty for the whole tree) in
-    /// the tree of `commit`, keyed relative to `dir`.
-    ///
-    /// # Errors
-    /// No such commit, or an unreadable object.
-    pub fn read_files(&self, commit: ObjectId, dir: &str) -> Result<Files, RepoError> {
-        let dir = dir.trim_matches('/');
-        let tree = self
-            .repo
-            .find_tree(self.tree_of(commit)?)
-            .map_err(git("find a tree"))?;
-        let mut recorder = gix::traverse::tree::Recorder::default();
-        tree.traverse()
-            .breadthfirst(&mut recorder)
-            .map_err(git("walk a tree"))?;
-        let prefix = if dir.is_empty() {
-            String::new()
-        } else {
-            format!("{dir}/")
-        };
-        let mut files = Files::new();
-        for entry in recorder.records {
-            if !entry.mode.is_blob() {
-                continue;
-            }
-            let path = entry.filepath.to_str_lossy();
-            let Some(relative) = path.strip_prefix(prefix.as_str()) else {
-                continue;
-            };
-            let blob = self.repo.find_blob(entry.oid).map_err(git("read a blob"))?;
-            files.insert(relative.to_owned(), blob.data.clone());
-        }
-        Ok(files)
-    }
-
-    /// Paths of every file in the tree of `commit`.
-    ///
-    /// # Errors
-    /// No such commit, or an unreadable tree.
-    pub fn list_files(&self, commit: ObjectId) -> Result<Vec<String>, RepoError> {
+    /// Every file entry (path, blob id) in the tree of `commit`.
+    fn blobs(&self, commit: ObjectId) -> Result<Vec<(String, ObjectId)>, RepoError> {
         let tree = self
             .repo
             .find_tree(self.tree_of(commit)?)
@@ -281,7 +243,42 @@ impl GitRepo {
             .records
             .into_iter()
             .filter(|e| e.mode.is_blob())
-            .map(|e| e.filepath.to_str_lossy().into_owned())
+            .map(|e| (e.filepath.to_str_lossy().into_owned(), e.oid))
+            .collect())
+    }
+
+    /// The files under `dir` (slashes trimmed; empty for the whole tree) in
+    /// the tree of `commit`, keyed relative to `dir`.
+    ///
+    /// # Errors
+    /// No such commit, or an unreadable object.
+    pub fn read_files(&self, commit: ObjectId, dir: &str) -> Result<Files, RepoError> {
+        let dir = dir.trim_matches('/');
+        let prefix = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let mut files = Files::new();
+        for (path, id) in self.blobs(commit)? {
+            let Some(relative) = path.strip_prefix(prefix.as_str()) else {
+                continue;
+            };
+            let blob = self.repo.find_blob(id).map_err(git("read a blob"))?;
+            files.insert(relative.to_owned(), blob.data.clone());
+        }
+        Ok(files)
+    }
+
+    /// Paths of every file in the tree of `commit`.
+    ///
+    /// # Errors
+    /// No such commit, or an unreadable tree.
+    pub fn list_files(&self, commit: ObjectId) -> Result<Vec<String>, RepoError> {
+        Ok(self
+            .blobs(commit)?
+            .into_iter()
+            .map(|(path, _)| path)
             .collect())
     }
 

@@ -5,3 +5,4 @@ mod discovery;
 mod operations;
 mod repo;
 mod store;
+mod support;

@@ -1,5 +1,6 @@
 //! The lifecycle on a local repository, checked with the git CLI.
 
+use crate::support::git;
 use porch_api::Lifecycle;
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_git::discovery::discover;
@@ -8,24 +9,6 @@ use porch_git::layout::RepoLayout;
 use porch_git::operations::{Actor, OperationError, Packages};
 use porch_git::repo::{Files, GitRepo};
 use std::path::Path;
-use std::process::Command;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("--git-dir")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf8")
-}
 
 fn actor(uid: &str, generation: i64) -> Actor {
     Actor {

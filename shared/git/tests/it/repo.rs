@@ -1,34 +1,12 @@
 //! Repositories written with gix are what the git CLI sees, and repositories
 //! laid out by the git CLI are what gix reads.
 
+use crate::support::{git, git_command, run};
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_git::annotation::{Annotation, draft_message, parse_annotations};
 use porch_git::identity::{Identity, committer, orchestrator};
 use porch_git::layout::{RepoLayout, RevisionRef};
 use porch_git::repo::{Files, GitRepo, RepoError};
-use std::path::Path;
-use std::process::Command;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("--git-dir")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "fixture")
-        .env("GIT_AUTHOR_EMAIL", "fixture@example.com")
-        .env("GIT_COMMITTER_NAME", "fixture")
-        .env("GIT_COMMITTER_EMAIL", "fixture@example.com")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf8")
-}
 
 fn package() -> Files {
     Files::from([
@@ -201,41 +179,28 @@ fn a_repository_laid_out_by_git_is_read() {
     // a Porch-style repository made with the git CLI: the package on main and a tag
     let work = tempfile::tempdir().expect("work");
     let bare = tempfile::tempdir().expect("bare");
-    let run = |args: &[&str]| {
-        let out = Command::new("git")
-            .current_dir(work.path())
-            .args(args)
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_AUTHOR_NAME", "fixture")
-            .env("GIT_AUTHOR_EMAIL", "fixture@example.com")
-            .env("GIT_COMMITTER_NAME", "fixture")
-            .env("GIT_COMMITTER_EMAIL", "fixture@example.com")
-            .output()
-            .expect("git");
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let in_work = |args: &[&str]| {
+        let mut command = git_command();
+        command.current_dir(work.path()).args(args);
+        run(command);
     };
-    run(&["init", "-q", "-b", "main"]);
+    in_work(&["init", "-q", "-b", "main"]);
     std::fs::create_dir_all(work.path().join("basens")).expect("mkdir");
     for (path, content) in package() {
         let file = work.path().join("basens").join(&path);
         std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
         std::fs::write(file, content).expect("write");
     }
-    run(&["add", "."]);
-    run(&[
+    in_work(&["add", "."]);
+    in_work(&[
         "commit",
         "-q",
         "-m",
         "Approving package revision basens/1\n\nkpt:{\"package\":\"basens\",\"workspaceName\":\"ws\",\"revision\":\"1\"}",
     ]);
-    run(&["tag", "basens/v1"]);
-    run(&["tag", "v1.0.0"]);
-    run(&[
+    in_work(&["tag", "basens/v1"]);
+    in_work(&["tag", "v1.0.0"]);
+    in_work(&[
         "clone",
         "-q",
         "--bare",
@@ -307,19 +272,12 @@ fn a_real_receive_pack_advertisement_parses() {
         .expect("main");
     repo.update_ref("refs/tags/basens/v1", None, Some(c))
         .expect("tag");
-    let out = Command::new("git")
+    let mut command = git_command();
+    command
         .args(["receive-pack", "--advertise-refs"])
-        .arg(dir.path())
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .expect("git receive-pack");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let advertisement = porch_git::pktline::parse_advertisement(&out.stdout).expect("parse");
+        .arg(dir.path());
+    let stdout = run(command);
+    let advertisement = porch_git::pktline::parse_advertisement(stdout.as_bytes()).expect("parse");
     let advertised: std::collections::BTreeMap<_, _> = advertisement.refs.into_iter().collect();
     assert_eq!(advertised, repo.refs().expect("refs"));
     for capability in ["report-status", "delete-refs", "atomic", "side-band-64k"] {
