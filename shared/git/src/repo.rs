@@ -96,7 +96,7 @@ pub struct CommitInfo {
 
 /// A git repository on local disk.
 pub struct GitRepo {
-    repo: gix::Repository,
+    pub(crate) repo: gix::Repository,
 }
 
 impl std::fmt::Debug for GitRepo {
@@ -435,6 +435,70 @@ impl GitRepo {
             }
         })?;
         Ok(())
+    }
+
+    /// Makes the branches and tags exactly `refs` (a mirror of a remote):
+    /// others are deleted, the rest set whatever their value. Only for a
+    /// repository that is a cache of a remote; every other change goes
+    /// through [`GitRepo::update_refs`].
+    ///
+    /// # Errors
+    /// A bad ref name, or a failed ref write.
+    pub fn mirror_refs(&self, refs: &BTreeMap<String, ObjectId>) -> Result<(), RepoError> {
+        let current = self.try_refs_unpeeled()?;
+        let mut edits = Vec::new();
+        for (name, id) in refs {
+            if current.get(name) == Some(id) {
+                continue;
+            }
+            edits.push(RefEdit {
+                change: Change::Update {
+                    log: LogChange::default(),
+                    expected: PreviousValue::Any,
+                    new: Target::Object(*id),
+                },
+                name: name.as_str().try_into().map_err(git("parse a ref name"))?,
+                deref: false,
+            });
+        }
+        for name in current.keys() {
+            let mirrored = name.starts_with("refs/heads/") || name.starts_with("refs/tags/");
+            if mirrored && !refs.contains_key(name) {
+                edits.push(RefEdit {
+                    change: Change::Delete {
+                        expected: PreviousValue::Any,
+                        log: RefLog::AndReference,
+                    },
+                    name: name.as_str().try_into().map_err(git("parse a ref name"))?,
+                    deref: false,
+                });
+            }
+        }
+        if !edits.is_empty() {
+            self.repo
+                .edit_references(edits)
+                .map_err(git("mirror the remote's refs"))?;
+        }
+        Ok(())
+    }
+
+    /// Every direct ref with the id it holds (an annotated tag's own id).
+    ///
+    /// # Errors
+    /// The refs cannot be read.
+    pub fn try_refs_unpeeled(&self) -> Result<BTreeMap<String, ObjectId>, RepoError> {
+        let platform = self.repo.references().map_err(git("list refs"))?;
+        let mut out = BTreeMap::new();
+        for reference in platform.all().map_err(git("list refs"))? {
+            let reference = reference.map_err(git("read a ref"))?;
+            if let Some(id) = reference.target().try_id() {
+                out.insert(
+                    reference.name().as_bstr().to_str_lossy().into_owned(),
+                    id.to_owned(),
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// The first-parent history of `commit`, newest first, at most `limit`.

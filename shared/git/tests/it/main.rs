@@ -3,6 +3,7 @@
 
 mod discovery;
 mod operations;
+mod remote;
 mod repo;
 mod store;
 mod support;

@@ -33,3 +33,114 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     command.arg("--git-dir").arg(dir).args(args);
     run(command)
 }
+
+/// A bare repository that accepts pushes over HTTP, with `http.receivepack`.
+pub(crate) fn bare_upstream(root: &Path, name: &str) -> std::path::PathBuf {
+    let dir = root.join(format!("{name}.git"));
+    let mut command = git_command();
+    command
+        .args(["init", "--bare", "-q", "-b", "main"])
+        .arg(&dir);
+    run(command);
+    git(&dir, &["config", "http.receivepack", "true"]);
+    dir
+}
+
+/// Commits `files` (path → text) on `branch` of the bare repository `dir`
+/// with the git CLI (a scratch clone, then a push).
+pub(crate) fn git_commit_files(dir: &Path, branch: &str, files: &[(&str, &str)], message: &str) {
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut clone = git_command();
+    clone.arg("clone").arg("-q").arg(dir).arg(work.path());
+    run(clone);
+    let in_work = |args: &[&str]| {
+        let mut command = git_command();
+        command.arg("-C").arg(work.path()).args(args);
+        run(command)
+    };
+    let has_branch = !git(dir, &["for-each-ref", &format!("refs/heads/{branch}")]).is_empty();
+    if has_branch {
+        in_work(&["checkout", "-q", branch]);
+    } else {
+        in_work(&["checkout", "-q", "--orphan", branch]);
+    }
+    for (path, text) in files {
+        let full = work.path().join(path);
+        std::fs::create_dir_all(full.parent().expect("parent")).expect("mkdir");
+        std::fs::write(full, text).expect("write");
+    }
+    in_work(&["add", "-A"]);
+    in_work(&["commit", "-q", "-m", message]);
+    in_work(&["push", "-q", "origin", &format!("HEAD:refs/heads/{branch}")]);
+}
+
+/// A free loopback port (bound, read, released).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// A server process killed when dropped.
+pub(crate) struct Server {
+    child: std::process::Child,
+    pub(crate) port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_listening(port: u16) {
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!("server on port {port} did not start");
+}
+
+/// The smart-HTTP test server over `root`; `auth` is a `user:password`
+/// pair it then requires.
+pub(crate) fn http_server(root: &Path, auth: Option<&str>) -> Server {
+    let port = free_port();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/git_http_server.py");
+    let mut command = Command::new("python3");
+    command.arg(script).arg(root).arg(port.to_string());
+    if let Some(auth) = auth {
+        command.env("GIT_TEST_AUTH", auth);
+    }
+    let child = command.spawn().expect("python3 runs");
+    wait_listening(port);
+    Server { child, port }
+}
+
+/// `git daemon` over `root` with receive-pack enabled.
+pub(crate) fn git_daemon(root: &Path) -> Server {
+    let port = free_port();
+    // git-daemon itself: the `git daemon` wrapper would leave it running
+    // when killed
+    let exec_path = run({
+        let mut c = git_command();
+        c.arg("--exec-path");
+        c
+    });
+    let mut command = Command::new(Path::new(exec_path.trim()).join("git-daemon"));
+    command
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .args(["--reuseaddr", "--export-all", "--enable=receive-pack"])
+        .arg("--listen=127.0.0.1")
+        .arg(format!("--port={port}"))
+        .arg(format!("--base-path={}", root.display()))
+        .arg(root)
+        .stderr(std::process::Stdio::null());
+    let child = command.spawn().expect("git daemon runs");
+    wait_listening(port);
+    Server { child, port }
+}

@@ -1,0 +1,257 @@
+//! Pack files: the objects a remote lacks, written as a pack to push or to
+//! upload to a snapshot; and received packs indexed into a repository.
+//!
+//! Which objects a remote lacks is computed from the commit graph: the
+//! commits reachable from the new tips but not from any tip the remote is
+//! known to have, and in each of them the trees and blobs that differ from
+//! the same path in every parent. Unchanged subtrees are skipped by id, so
+//! the cost grows with the size of the change, not of the repository.
+
+use crate::repo::{GitRepo, RepoError};
+use gix::ObjectId;
+use gix::objs::tree::EntryKind;
+use gix::progress::Discard;
+use gix_pack::data::output;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
+
+fn pack_error(step: &'static str) -> impl FnOnce(gix::Error) -> RepoError {
+    move |e| RepoError::Git {
+        step,
+        source: e.into(),
+    }
+}
+
+/// A pack in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pack {
+    /// The pack file's bytes (header, entries, trailer).
+    pub bytes: Vec<u8>,
+    /// How many objects it holds.
+    pub objects: u32,
+}
+
+/// Where a received pack was stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexedPack {
+    /// The pack's checksum, which names its `.pack` and `.idx` files.
+    pub checksum: ObjectId,
+    pub objects: u32,
+}
+
+impl GitRepo {
+    /// Whether the object database holds `id`.
+    pub fn has_object(&self, id: ObjectId) -> bool {
+        self.repo.has_object(id)
+    }
+
+    /// The ids of the objects reachable from `tips` and not from `known`
+    /// (tips the other side has; ids missing here are ignored).
+    ///
+    /// # Errors
+    /// A missing or unreadable object under `tips`.
+    pub fn missing_objects(
+        &self,
+        tips: &[ObjectId],
+        known: &[ObjectId],
+    ) -> Result<Vec<ObjectId>, RepoError> {
+        let tips: Vec<ObjectId> = tips
+            .iter()
+            .copied()
+            .filter(|t| !known.contains(t))
+            .collect();
+        if tips.is_empty() {
+            return Ok(Vec::new());
+        }
+        let known: Vec<ObjectId> = known
+            .iter()
+            .copied()
+            .filter(|id| self.repo.has_object(*id))
+            .collect();
+        let walk = self
+            .repo
+            .rev_walk(tips)
+            .with_hidden(known)
+            .all()
+            .map_err(|e| RepoError::Git {
+                step: "walk the commits to send",
+                source: Box::new(e),
+            })?;
+        let mut commits = Vec::new();
+        for info in walk {
+            let info = info.map_err(|e| RepoError::Git {
+                step: "walk the commits to send",
+                source: Box::new(e),
+            })?;
+            commits.push(info.id);
+        }
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for commit in commits {
+            let (tree, parents) = self.commit_tree_and_parents(commit)?;
+            out.push(commit);
+            let parent_trees = parents
+                .into_iter()
+                .map(|p| self.commit_tree_and_parents(p).map(|(t, _)| Some(t)))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.new_tree_objects(tree, &parent_trees, &mut seen, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn commit_tree_and_parents(
+        &self,
+        id: ObjectId,
+    ) -> Result<(ObjectId, Vec<ObjectId>), RepoError> {
+        let commit = self.repo.find_commit(id).map_err(|e| RepoError::Git {
+            step: "read a commit to send",
+            source: Box::new(e),
+        })?;
+        let tree = commit.tree_id().map_err(|e| RepoError::Git {
+            step: "read a commit's tree",
+            source: Box::new(e),
+        })?;
+        Ok((
+            tree.detach(),
+            commit.parent_ids().map(|p| p.detach()).collect(),
+        ))
+    }
+
+    /// Entries of a tree: name → (kind, id).
+    fn tree_entries(
+        &self,
+        id: ObjectId,
+    ) -> Result<HashMap<Vec<u8>, (EntryKind, ObjectId)>, RepoError> {
+        let tree = self.repo.find_tree(id).map_err(|e| RepoError::Git {
+            step: "read a tree to send",
+            source: Box::new(e),
+        })?;
+        let decoded = tree.decode().map_err(|e| RepoError::Git {
+            step: "decode a tree to send",
+            source: Box::new(e),
+        })?;
+        Ok(decoded
+            .entries
+            .iter()
+            .map(|e| (e.filename.to_vec(), (e.mode.kind(), e.oid.to_owned())))
+            .collect())
+    }
+
+    /// Adds `tree` and everything under it that differs from the entry at
+    /// the same path in every one of `parents` (`None`: absent there).
+    fn new_tree_objects(
+        &self,
+        tree: ObjectId,
+        parents: &[Option<ObjectId>],
+        seen: &mut HashSet<ObjectId>,
+        out: &mut Vec<ObjectId>,
+    ) -> Result<(), RepoError> {
+        if parents.contains(&Some(tree)) || !seen.insert(tree) {
+            return Ok(());
+        }
+        out.push(tree);
+        let entries = self.tree_entries(tree)?;
+        let parent_entries = parents
+            .iter()
+            .map(|p| p.map(|p| self.tree_entries(p)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut names: Vec<&Vec<u8>> = entries.keys().collect();
+        names.sort();
+        for name in names {
+            let (kind, id) = entries[name];
+            let at_parents: Vec<Option<ObjectId>> = parent_entries
+                .iter()
+                .map(|p| {
+                    p.as_ref()
+                        .and_then(|m| m.get(name))
+                        .filter(|(k, _)| (*k == EntryKind::Tree) == (kind == EntryKind::Tree))
+                        .map(|(_, id)| *id)
+                })
+                .collect();
+            match kind {
+                EntryKind::Tree => self.new_tree_objects(id, &at_parents, seen, out)?,
+                EntryKind::Commit => {} // a submodule's commit lives elsewhere
+                EntryKind::Blob | EntryKind::BlobExecutable | EntryKind::Link => {
+                    if !at_parents.contains(&Some(id)) && seen.insert(id) {
+                        out.push(id);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A pack (version 2, every object whole: no deltas, so it never
+    /// depends on objects outside it) of `ids`.
+    ///
+    /// # Errors
+    /// A missing object, or a failed pack write.
+    pub fn write_pack(&self, ids: &[ObjectId]) -> Result<Pack, RepoError> {
+        let objects = u32::try_from(ids.len()).map_err(|_| RepoError::Git {
+            step: "write a pack",
+            source: "more than 4 billion objects".into(),
+        })?;
+        let mut entries = Vec::with_capacity(ids.len());
+        for id in ids {
+            let object = self.repo.find_object(*id).map_err(|e| RepoError::Git {
+                step: "read an object to pack",
+                source: Box::new(e),
+            })?;
+            let data = gix::objs::Data::new(&object.data, object.kind, gix::hash::Kind::Sha1);
+            let count = output::Count::from_data(*id, None);
+            entries.push(
+                output::Entry::from_data(&count, &data, gix::zlib::Compression::DEFAULT)
+                    .map_err(pack_error("compress an object"))?,
+            );
+        }
+        let mut bytes = Vec::new();
+        let writer = output::bytes::FromEntriesIter::new(
+            std::iter::once(Ok(entries)),
+            &mut bytes,
+            objects,
+            gix_pack::data::Version::V2,
+            gix::hash::Kind::Sha1,
+        );
+        for written in writer {
+            written.map_err(pack_error("write a pack"))?;
+        }
+        Ok(Pack { bytes, objects })
+    }
+
+    /// Stores a pack (as received from a remote or a snapshot) with its
+    /// index in `objects/pack`. An empty pack stores nothing.
+    ///
+    /// # Errors
+    /// A malformed or truncated pack, or a failed write.
+    pub fn index_pack(&self, pack: &[u8]) -> Result<Option<IndexedPack>, RepoError> {
+        if pack.len() >= 12 && pack[8..12] == [0, 0, 0, 0] {
+            return Ok(None);
+        }
+        let directory = self.repo.objects.store_ref().path().join("pack");
+        std::fs::create_dir_all(&directory).map_err(|e| RepoError::Git {
+            step: "create objects/pack",
+            source: Box::new(e),
+        })?;
+        let interrupt = AtomicBool::new(false);
+        let mut reader = std::io::BufReader::new(pack);
+        let outcome = gix_pack::Bundle::write_to_directory(
+            &mut reader,
+            Some(&directory),
+            &mut Discard,
+            &interrupt,
+            None::<gix::objs::find::Never>,
+            gix::hash::Kind::Sha1,
+            gix_pack::bundle::write::Options::default(),
+        )
+        .map_err(pack_error("index a received pack"))?;
+        if let Some(keep) = &outcome.keep_path {
+            // the refs that make these objects reachable are written next;
+            // nothing here collects garbage in between
+            let _ = std::fs::remove_file(keep);
+        }
+        Ok(Some(IndexedPack {
+            checksum: outcome.index.data_hash,
+            objects: outcome.index.num_objects,
+        }))
+    }
+}

@@ -1,0 +1,724 @@
+//! Fetch and push against real servers on loopback: `git http-backend`
+//! behind a small HTTP server, `git daemon` with receive-pack, and a local
+//! bare repository; results checked with the git CLI.
+
+use crate::support::{bare_upstream, git, git_commit_files, git_daemon, http_server};
+use porch_api::v1alpha1::{Task, TaskType};
+use porch_git::identity::Identity;
+use porch_git::layout::RepoLayout;
+use porch_git::mirror::{Mirror, RetryPolicy, ref_changes};
+use porch_git::operations::{Actor, Packages};
+use porch_git::pktline::RefRejection;
+use porch_git::remote::{
+    Credentials, LocalRemote, Remote, RemoteError, RemoteOptions, SmartRemote, StaticCredentials,
+};
+use porch_git::repo::{Files, GitRepo, RefUpdate};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+fn actor(uid: &str) -> Actor {
+    Actor {
+        uid: uid.into(),
+        generation: 1,
+        author: Identity::of_user("alice@example.com"),
+        time: 1_795_000_000,
+    }
+}
+
+fn files(version: &str) -> Files {
+    Files::from([
+        (
+            "Kptfile".to_owned(),
+            b"apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: basens\n".to_vec(),
+        ),
+        (
+            "cm.yaml".to_owned(),
+            format!("version: {version}\n").into_bytes(),
+        ),
+    ])
+}
+
+fn init_task() -> Task {
+    Task {
+        type_: TaskType::Init,
+        ..Default::default()
+    }
+}
+
+/// `git show-ref` of a repository as a map.
+fn show_refs(dir: &Path) -> BTreeMap<String, String> {
+    git(dir, &["for-each-ref", "--format=%(refname) %(objectname)"])
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, id)| (n.to_owned(), id.to_owned()))
+        .collect()
+}
+
+fn fsck(dir: &Path) {
+    git(dir, &["fsck", "--strict", "--no-dangling"]);
+}
+
+fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        base_delay: std::time::Duration::from_millis(10),
+        ..RetryPolicy::default()
+    }
+}
+
+/// Draft → proposed → published through a mirror of `remote`, then the
+/// upstream checked with the git CLI.
+async fn lifecycle_through<R: Remote>(remote: R, upstream: &Path) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror = Mirror::new(tmp.path().join("mirror"), remote, fast_retries()).expect("mirror");
+    let refs = mirror.fetch().await.expect("fetch");
+    let expected: BTreeMap<String, String> = refs
+        .iter()
+        .map(|(n, id)| (n.clone(), id.to_string()))
+        .collect();
+    assert_eq!(
+        expected,
+        show_refs(upstream),
+        "fetch sees every upstream ref"
+    );
+
+    let layout = RepoLayout::new("", "main");
+    let draft = {
+        let layout = layout.clone();
+        mirror
+            .apply(move |repo| {
+                Packages {
+                    repo,
+                    layout: layout.clone(),
+                }
+                .create_draft(
+                    "basens",
+                    "ws1",
+                    &files("1"),
+                    init_task(),
+                    &actor("uid-1"),
+                )
+            })
+            .await
+            .expect("create draft")
+    };
+    assert_eq!(draft.updates.len(), 1);
+    assert_eq!(
+        show_refs(upstream).get("refs/heads/drafts/basens/ws1"),
+        Some(&draft.value.to_string())
+    );
+    let layout2 = layout.clone();
+    mirror
+        .apply(move |repo| {
+            Packages {
+                repo,
+                layout: layout2.clone(),
+            }
+            .move_branch("basens", "ws1", true)
+        })
+        .await
+        .expect("propose");
+    let layout3 = layout.clone();
+    let published = mirror
+        .apply(move |repo| {
+            Packages {
+                repo,
+                layout: layout3.clone(),
+            }
+            .publish("basens", "ws1", &actor("uid-1"))
+        })
+        .await
+        .expect("publish");
+    assert_eq!(published.value, 1);
+    assert_eq!(
+        published.updates.len(),
+        3,
+        "branch, tag and proposed in one push"
+    );
+    let after = show_refs(upstream);
+    assert!(after.contains_key("refs/tags/basens/v1"), "{after:?}");
+    assert!(
+        !after.contains_key("refs/heads/proposed/basens/ws1"),
+        "{after:?}"
+    );
+    assert_eq!(
+        after.get("refs/tags/basens/v1"),
+        after.get("refs/heads/main")
+    );
+    assert_eq!(
+        git(upstream, &["show", "main:basens/cm.yaml"]),
+        "version: 1\n"
+    );
+    let parents = git(upstream, &["log", "-1", "--format=%P", "main"]);
+    assert_eq!(
+        parents.split_whitespace().count(),
+        2,
+        "publish is a merge commit"
+    );
+    fsck(upstream);
+
+    // the same publish again is recognised: nothing pushed
+    let layout4 = layout.clone();
+    let again = mirror
+        .apply(move |repo| {
+            Packages {
+                repo,
+                layout: layout4.clone(),
+            }
+            .publish("basens", "ws1", &actor("uid-1"))
+        })
+        .await
+        .expect("publish again");
+    assert_eq!((again.value, again.updates.len()), (1, 0));
+    assert_eq!(show_refs(upstream), after);
+}
+
+#[tokio::test]
+async fn lifecycle_over_smart_http() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("README.md", "Created by porch\n")],
+        "Initial commit",
+    );
+    let server = http_server(root.path(), None);
+    let url = format!("http://127.0.0.1:{}/repo.git", server.port);
+    let remote = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
+    lifecycle_through(remote, &upstream).await;
+}
+
+#[tokio::test]
+async fn lifecycle_over_git_daemon() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("README.md", "Created by porch\n")],
+        "Initial commit",
+    );
+    let server = git_daemon(root.path());
+    let url = format!("git://127.0.0.1:{}/repo.git", server.port);
+    let remote = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
+    lifecycle_through(remote, &upstream).await;
+}
+
+#[tokio::test]
+async fn lifecycle_on_a_local_bare_repository() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("README.md", "Created by porch\n")],
+        "Initial commit",
+    );
+    lifecycle_through(LocalRemote::new(&upstream), &upstream).await;
+}
+
+#[tokio::test]
+async fn empty_remote_is_fetched_and_pushed_to() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "empty");
+    let server = http_server(root.path(), None);
+    let remote = SmartRemote::new(
+        &format!("http://127.0.0.1:{}/empty.git", server.port),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror = Mirror::new(tmp.path().join("m"), remote, fast_retries()).expect("mirror");
+    assert!(mirror.fetch().await.expect("fetch").is_empty());
+    let applied = mirror
+        .apply(|repo| {
+            Packages {
+                repo,
+                layout: RepoLayout::new("", "main"),
+            }
+            .create_draft("a/b", "ws", &files("1"), init_task(), &actor("u"))
+        })
+        .await
+        .expect("draft");
+    assert_eq!(
+        show_refs(&upstream).get("refs/heads/drafts/a/b/ws"),
+        Some(&applied.value.to_string())
+    );
+    fsck(&upstream);
+}
+
+/// A second fetch after upstream changes brings only the new commit, and
+/// refs deleted upstream disappear from the mirror.
+#[tokio::test]
+async fn fetch_is_incremental_and_prunes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("a/Kptfile", "kind: Kptfile\n")],
+        "one",
+    );
+    git_commit_files(&upstream, "drafts/a/ws", &[("a/x.yaml", "x: 1\n")], "draft");
+    let server = http_server(root.path(), None);
+    let remote = SmartRemote::new(
+        &format!("http://127.0.0.1:{}/repo.git", server.port),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror_dir = tmp.path().join("m");
+    GitRepo::init_bare(&mirror_dir).expect("init");
+    remote.fetch(&mirror_dir).await.expect("first fetch");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("b/Kptfile", "kind: Kptfile\nname: b\n")],
+        "two",
+    );
+    git(&upstream, &["update-ref", "-d", "refs/heads/drafts/a/ws"]);
+    let packs_before = std::fs::read_dir(mirror_dir.join("objects/pack"))
+        .expect("packs")
+        .count();
+    let refs = remote.fetch(&mirror_dir).await.expect("second fetch");
+    assert!(!refs.contains_key("refs/heads/drafts/a/ws"));
+    let mirror = GitRepo::open(&mirror_dir).expect("open");
+    let local: BTreeMap<String, String> = mirror
+        .try_refs_unpeeled()
+        .expect("refs")
+        .into_iter()
+        .map(|(n, id)| (n, id.to_string()))
+        .collect();
+    assert_eq!(local, show_refs(&upstream));
+    let new_pack = std::fs::read_dir(mirror_dir.join("objects/pack"))
+        .expect("packs")
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "idx"))
+        .map(|e| e.path())
+        .collect::<Vec<_>>();
+    assert_eq!(new_pack.len() * 2, packs_before + 2, "one new pack");
+    // the new pack holds the new commit, its root tree, b/ and b/Kptfile: the
+    // server stopped at the commit the mirror already had
+    let counts: Vec<usize> = new_pack
+        .iter()
+        .map(|idx| {
+            let mut command = crate::support::git_command();
+            command.arg("verify-pack").arg("-v").arg(idx);
+            crate::support::run(command)
+                .lines()
+                .filter(|l| l.contains(" commit ") || l.contains(" tree ") || l.contains(" blob "))
+                .count()
+        })
+        .collect();
+    assert!(counts.contains(&4), "pack object counts {counts:?}");
+    // the mirror is a valid repository by git's standards
+    let mut command = crate::support::git_command();
+    command
+        .arg("--git-dir")
+        .arg(&mirror_dir)
+        .args(["fsck", "--strict"]);
+    crate::support::run(command);
+}
+
+/// A push whose expected old id is stale is refused before any pack is sent.
+#[tokio::test]
+async fn stale_expected_id_is_a_conflict() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("a/Kptfile", "kind: Kptfile\n")],
+        "one",
+    );
+    let server = http_server(root.path(), None);
+    let remote = SmartRemote::new(
+        &format!("http://127.0.0.1:{}/repo.git", server.port),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror_dir = tmp.path().join("m");
+    let mirror = GitRepo::init_bare(&mirror_dir).expect("init");
+    let refs = remote.fetch(&mirror_dir).await.expect("fetch");
+    let main = refs["refs/heads/main"];
+    git_commit_files(&upstream, "main", &[("a/x", "moved\n")], "someone else");
+    let before = show_refs(&upstream);
+    let tree = mirror.write_files(&files("2")).expect("tree");
+    let mine = mirror
+        .commit(
+            tree,
+            &[main],
+            "mine",
+            &Identity::of_user("a@b.c"),
+            &Identity::of_user("a@b.c"),
+            1,
+        )
+        .expect("commit");
+    let err = remote
+        .push(
+            &mirror_dir,
+            &[RefUpdate {
+                name: "refs/heads/main".into(),
+                expected: Some(main),
+                new: Some(mine),
+            }],
+        )
+        .await
+        .expect_err("stale");
+    assert!(err.is_conflict(), "{err}");
+    assert!(!err.is_transient());
+    assert_eq!(show_refs(&upstream), before, "nothing changed upstream");
+    // creating a ref that exists is a conflict too
+    let err = remote
+        .push(
+            &mirror_dir,
+            &[RefUpdate {
+                name: "refs/heads/main".into(),
+                expected: None,
+                new: Some(mine),
+            }],
+        )
+        .await
+        .expect_err("exists");
+    assert!(
+        matches!(&err, RemoteError::Rejected { refs, .. } if refs[0].1 == RefRejection::AlreadyExists),
+        "{err:?}"
+    );
+}
+
+/// Refusals decided by the server itself come back typed: a
+/// non-fast-forward with `receive.denyNonFastForwards`, a declining hook.
+#[tokio::test]
+async fn server_rejections_are_typed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("a/Kptfile", "kind: Kptfile\n")],
+        "one",
+    );
+    git_commit_files(&upstream, "main", &[("a/x", "2\n")], "two");
+    git(
+        &upstream,
+        &["config", "receive.denyNonFastForwards", "true"],
+    );
+    let server = http_server(root.path(), None);
+    let remote = SmartRemote::new(
+        &format!("http://127.0.0.1:{}/repo.git", server.port),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror_dir = tmp.path().join("m");
+    let mirror = GitRepo::init_bare(&mirror_dir).expect("init");
+    let refs = remote.fetch(&mirror_dir).await.expect("fetch");
+    let main = refs["refs/heads/main"];
+    let parent = mirror.first_parents(main, 2).expect("history")[1];
+    let err = remote
+        .push(
+            &mirror_dir,
+            &[RefUpdate {
+                name: "refs/heads/main".into(),
+                expected: Some(main),
+                new: Some(parent),
+            }],
+        )
+        .await
+        .expect_err("non-fast-forward");
+    assert!(
+        matches!(&err, RemoteError::Rejected { refs, .. } if refs[0].1 == RefRejection::NonFastForward),
+        "{err:?}"
+    );
+    assert_eq!(show_refs(&upstream)["refs/heads/main"], main.to_string());
+
+    let hook = upstream.join("hooks/pre-receive");
+    std::fs::write(&hook, "#!/bin/sh\necho no >&2\nexit 1\n").expect("hook");
+    let mut chmod = std::process::Command::new("chmod");
+    chmod.arg("+x").arg(&hook);
+    crate::support::run(chmod);
+    let tree = mirror.write_files(&files("3")).expect("tree");
+    let next = mirror
+        .commit(
+            tree,
+            &[main],
+            "three",
+            &Identity::of_user("a@b.c"),
+            &Identity::of_user("a@b.c"),
+            1,
+        )
+        .expect("commit");
+    let err = remote
+        .push(
+            &mirror_dir,
+            &[RefUpdate {
+                name: "refs/heads/main".into(),
+                expected: Some(main),
+                new: Some(next),
+            }],
+        )
+        .await
+        .expect_err("hook declines");
+    assert!(
+        matches!(&err, RemoteError::Rejected { refs, .. } if refs[0].1 == RefRejection::HookDeclined),
+        "{err:?}"
+    );
+    assert!(err.is_transient(), "the reference retries declined hooks");
+}
+
+/// An atomic push with one bad ref changes none.
+#[tokio::test]
+async fn atomic_push_is_all_or_nothing() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("a/Kptfile", "kind: Kptfile\n")],
+        "one",
+    );
+    git_commit_files(&upstream, "main", &[("a/x", "2\n")], "two");
+    git(
+        &upstream,
+        &["config", "receive.denyNonFastForwards", "true"],
+    );
+    let server = http_server(root.path(), None);
+    let remote = SmartRemote::new(
+        &format!("http://127.0.0.1:{}/repo.git", server.port),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror_dir = tmp.path().join("m");
+    let mirror = GitRepo::init_bare(&mirror_dir).expect("init");
+    let main = remote.fetch(&mirror_dir).await.expect("fetch")["refs/heads/main"];
+    let parent = mirror.first_parents(main, 2).expect("history")[1];
+    let before = show_refs(&upstream);
+    let err = remote
+        .push(
+            &mirror_dir,
+            &[
+                RefUpdate {
+                    name: "refs/tags/a/v1".into(),
+                    expected: None,
+                    new: Some(main),
+                },
+                RefUpdate {
+                    name: "refs/heads/main".into(),
+                    expected: Some(main),
+                    new: Some(parent),
+                },
+            ],
+        )
+        .await
+        .expect_err("rejected");
+    assert!(matches!(err, RemoteError::Rejected { .. }), "{err:?}");
+    assert_eq!(
+        show_refs(&upstream),
+        before,
+        "the tag was not created either"
+    );
+}
+
+#[tokio::test]
+async fn server_errors_are_transient_and_retried() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(&upstream, "main", &[("README.md", "x\n")], "one");
+    let server = http_server(root.path(), None);
+    let url = format!("http://127.0.0.1:{}/repo.git", server.port);
+    let remote = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror = Mirror::new(tmp.path().join("m"), remote, fast_retries()).expect("mirror");
+    // two failures, then success: the draft lands once
+    std::fs::write(root.path().join(".fail-receive-pack"), "2").expect("fault");
+    let applied = mirror
+        .apply(|repo| {
+            Packages {
+                repo,
+                layout: RepoLayout::new("", "main"),
+            }
+            .create_draft("p", "ws", &files("1"), init_task(), &actor("u"))
+        })
+        .await
+        .expect("draft after retries");
+    assert_eq!(applied.attempts, 3);
+    assert_eq!(
+        show_refs(&upstream).get("refs/heads/drafts/p/ws"),
+        Some(&applied.value.to_string())
+    );
+    // more failures than retries: a clear error, nothing changed
+    std::fs::write(root.path().join(".fail-receive-pack"), "10").expect("fault");
+    let before = show_refs(&upstream);
+    let err = mirror
+        .apply(|repo| {
+            Packages {
+                repo,
+                layout: RepoLayout::new("", "main"),
+            }
+            .create_draft("q", "ws", &files("1"), init_task(), &actor("u2"))
+        })
+        .await
+        .expect_err("gives up");
+    assert!(err.to_string().contains("HTTP 500"), "{err}");
+    assert_eq!(show_refs(&upstream), before);
+}
+
+#[tokio::test]
+async fn basic_auth_is_required_and_used() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(&upstream, "main", &[("README.md", "x\n")], "one");
+    let server = http_server(root.path(), Some("porch:s3cret"));
+    let url = format!("http://127.0.0.1:{}/repo.git", server.port);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror_dir = tmp.path().join("m");
+    GitRepo::init_bare(&mirror_dir).expect("init");
+
+    let anonymous = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
+    let err = anonymous.fetch(&mirror_dir).await.expect_err("401");
+    assert!(
+        matches!(err, RemoteError::Auth { status: 401, .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_transient());
+
+    let wrong = SmartRemote::new(
+        &url,
+        RemoteOptions {
+            credentials: Some(Arc::new(StaticCredentials(Credentials::Basic {
+                username: "porch".into(),
+                password: "wrong".into(),
+            }))),
+            ..RemoteOptions::default()
+        },
+    )
+    .expect("remote");
+    assert!(matches!(
+        wrong.fetch(&mirror_dir).await,
+        Err(RemoteError::Auth { .. })
+    ));
+
+    let resolved = SmartRemote::new(
+        &url,
+        RemoteOptions {
+            credentials: Some(Arc::new(StaticCredentials(Credentials::Basic {
+                username: "porch".into(),
+                password: "s3cret".into(),
+            }))),
+            ..RemoteOptions::default()
+        },
+    )
+    .expect("remote");
+    assert_eq!(resolved.fetch(&mirror_dir).await.expect("fetch").len(), 1);
+
+    // user information in the URL works too and is never shown
+    let in_url = format!("http://porch:s3cret@127.0.0.1:{}/repo.git", server.port);
+    let remote = SmartRemote::new(&in_url, RemoteOptions::default()).expect("remote");
+    assert!(!remote.url().contains("s3cret"));
+    assert!(!format!("{remote:?}").contains("s3cret"));
+    assert_eq!(remote.fetch(&mirror_dir).await.expect("fetch").len(), 1);
+}
+
+#[test]
+fn unusable_urls_are_refused_clearly() {
+    for (url, needle) in [
+        ("ssh://git@example.com/repo.git", "SSH"),
+        ("git@example.com:org/repo.git", "SSH"),
+        ("ftp://example.com/repo.git", "ftp"),
+        ("file:///tmp/repo.git", "file"),
+        ("not a url", "relative URL"),
+        ("https://user:hunter2@", "empty host"),
+    ] {
+        let err = SmartRemote::new(url, RemoteOptions::default()).expect_err(url);
+        let text = err.to_string();
+        assert!(text.contains(needle), "{url}: {text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    let err = SmartRemote::new(
+        "https://example.com/repo.git",
+        RemoteOptions {
+            ca_bundle: Some(b"not a certificate".to_vec()),
+            ..RemoteOptions::default()
+        },
+    )
+    .expect_err("bad bundle");
+    assert!(err.to_string().contains("CA bundle"), "{err}");
+}
+
+#[tokio::test]
+async fn unreachable_remote_is_transient() {
+    let port = crate::support::free_port();
+    let remote = SmartRemote::new(
+        &format!("http://127.0.0.1:{port}/repo.git"),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    GitRepo::init_bare(tmp.path()).expect("init");
+    let err = remote.fetch(tmp.path()).await.expect_err("refused");
+    assert!(err.is_transient(), "{err:?}");
+}
+
+/// Hostile ref names never reach the wire.
+#[tokio::test]
+async fn bad_ref_updates_are_refused_before_connecting() {
+    let remote = LocalRemote::new("/nonexistent");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in [
+        "HEAD",
+        "refs/remotes/x",
+        "refs/heads/../../etc",
+        "refs/heads/a..b",
+        "refs/heads/x\nrefs/heads/y",
+    ] {
+        let err = remote
+            .push(
+                tmp.path(),
+                &[RefUpdate {
+                    name: name.into(),
+                    expected: None,
+                    new: None,
+                }],
+            )
+            .await
+            .expect_err(name);
+        assert!(matches!(err, RemoteError::BadUpdate(_)), "{name}: {err:?}");
+    }
+}
+
+#[test]
+fn ref_changes_are_compare_and_swap_updates() {
+    let id = |n: u8| gix::ObjectId::from_bytes_or_panic(&[n; 20]);
+    let before = BTreeMap::from([
+        ("refs/heads/main".to_owned(), id(1)),
+        ("refs/heads/proposed/a/ws".to_owned(), id(2)),
+        ("refs/remotes/x".to_owned(), id(9)),
+    ]);
+    let after = BTreeMap::from([
+        ("refs/heads/main".to_owned(), id(3)),
+        ("refs/tags/a/v1".to_owned(), id(3)),
+    ]);
+    assert_eq!(
+        ref_changes(&before, &after),
+        vec![
+            RefUpdate {
+                name: "refs/heads/main".into(),
+                expected: Some(id(1)),
+                new: Some(id(3))
+            },
+            RefUpdate {
+                name: "refs/tags/a/v1".into(),
+                expected: None,
+                new: Some(id(3))
+            },
+            RefUpdate {
+                name: "refs/heads/proposed/a/ws".into(),
+                expected: Some(id(2)),
+                new: None
+            },
+        ]
+    );
+}
