@@ -191,6 +191,9 @@ pub enum RefRejection {
     Stale,
     AlreadyExists,
     HookDeclined,
+    /// Another ref of an atomic push failed (or the transaction as a whole
+    /// lost a lock race on the server), so this one was not applied either.
+    AtomicTransactionFailed,
     Other(String),
 }
 
@@ -221,6 +224,8 @@ fn rejection(reason: &str) -> RefRejection {
         RefRejection::Stale
     } else if lower.contains("already exists") {
         RefRejection::AlreadyExists
+    } else if lower.contains("atomic transaction failed") || lower.contains("atomic push failed") {
+        RefRejection::AtomicTransactionFailed
     } else if lower.contains("hook declined") {
         RefRejection::HookDeclined
     } else {
@@ -350,6 +355,7 @@ mod tests {
             "ng refs/heads/proposed/a/ws stale info\n",
             "ng refs/heads/x pre-receive hook declined\n",
             "ng refs/heads/y funny refname\n",
+            "ng refs/heads/z atomic transaction failed\n",
             "0000",
         ]);
         let report = parse_report_status(&status).expect("parse");
@@ -365,6 +371,7 @@ mod tests {
                 Err(RefRejection::Stale),
                 Err(RefRejection::HookDeclined),
                 Err(RefRejection::Other("funny refname".into())),
+                Err(RefRejection::AtomicTransactionFailed),
             ]
         );
         let failed = parse_report_status(&pkts(&["unpack index-pack abnormal exit\n", "0000"]))

@@ -159,7 +159,10 @@ impl RemoteError {
     pub fn is_conflict(&self) -> bool {
         matches!(self, Self::Rejected { refs, .. } if !refs.is_empty() && refs.iter().all(|(_, r)| matches!(
             r,
-            RefRejection::Stale | RefRejection::NonFastForward | RefRejection::AlreadyExists
+            RefRejection::Stale
+                | RefRejection::NonFastForward
+                | RefRejection::AlreadyExists
+                | RefRejection::AtomicTransactionFailed
         )))
     }
 

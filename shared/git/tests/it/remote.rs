@@ -722,3 +722,132 @@ fn ref_changes_are_compare_and_swap_updates() {
         ]
     );
 }
+
+/// HTTPS with a private CA: refused without the bundle, works with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_custom_ca_bundle() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(&upstream, "main", &[("README.md", "x\n")], "one");
+    let server = http_server(root.path(), None);
+    let (port, ca) = crate::support::tls_proxy(server.port).await;
+    let url = format!("https://127.0.0.1:{port}/repo.git");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror_dir = tmp.path().join("m");
+    GitRepo::init_bare(&mirror_dir).expect("init");
+
+    let untrusted = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
+    let err = untrusted
+        .fetch(&mirror_dir)
+        .await
+        .expect_err("unknown issuer");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+
+    let remote = SmartRemote::new(
+        &url,
+        RemoteOptions {
+            ca_bundle: Some(ca),
+            ..RemoteOptions::default()
+        },
+    )
+    .expect("remote");
+    let mirror = Mirror::new(&mirror_dir, remote, fast_retries()).expect("mirror");
+    let applied = mirror
+        .apply(|repo| {
+            Packages {
+                repo,
+                layout: RepoLayout::new("", "main"),
+            }
+            .create_draft("p", "ws", &files("1"), init_task(), &actor("u"))
+        })
+        .await
+        .expect("draft over https");
+    assert_eq!(
+        show_refs(&upstream).get("refs/heads/drafts/p/ws"),
+        Some(&applied.value.to_string())
+    );
+}
+
+/// 20 publishers of one package, each with its own mirror, racing through
+/// the HTTP server: revisions 1..20 exactly once each, every proposed
+/// branch gone, every draft's content on the branch history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishers_over_http_get_consecutive_revisions() {
+    const PUBLISHERS: usize = 20;
+    let root = tempfile::tempdir().expect("tempdir");
+    let upstream = bare_upstream(root.path(), "repo");
+    git_commit_files(&upstream, "main", &[("README.md", "x\n")], "one");
+    let server = http_server(root.path(), None);
+    let url = format!("http://127.0.0.1:{}/repo.git", server.port);
+    let tmp = tempfile::tempdir().expect("tempdir");
+
+    // drafts and proposals first, one mirror each
+    let mut mirrors = Vec::new();
+    for i in 0..PUBLISHERS {
+        let remote = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
+        let mirror = Arc::new(
+            Mirror::new(tmp.path().join(format!("m{i}")), remote, fast_retries()).expect("mirror"),
+        );
+        let ws = format!("ws{i}");
+        let body = format!("{i}");
+        let ws2 = ws.clone();
+        mirror
+            .apply(move |repo| {
+                let ops = Packages {
+                    repo,
+                    layout: RepoLayout::new("", "main"),
+                };
+                ops.create_draft(
+                    "pkg",
+                    &ws2,
+                    &files(&body),
+                    init_task(),
+                    &actor(&format!("u{ws2}")),
+                )?;
+                ops.move_branch("pkg", &ws2, true)
+            })
+            .await
+            .expect("draft and proposal");
+        mirrors.push((mirror, ws));
+    }
+    let tasks: Vec<_> = mirrors
+        .into_iter()
+        .map(|(mirror, ws)| {
+            tokio::spawn(async move {
+                mirror
+                    .apply(move |repo| {
+                        Packages {
+                            repo,
+                            layout: RepoLayout::new("", "main"),
+                        }
+                        .publish("pkg", &ws, &actor(&format!("u{ws}")))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut revisions = Vec::new();
+    let mut conflicts = 0;
+    for task in tasks {
+        let applied = task.await.expect("join").expect("publish");
+        conflicts += applied.attempts - 1;
+        revisions.push(applied.value);
+    }
+    revisions.sort_unstable();
+    assert_eq!(revisions, (1..=PUBLISHERS as u64).collect::<Vec<_>>());
+    let refs = show_refs(&upstream);
+    for n in 1..=PUBLISHERS {
+        assert!(
+            refs.contains_key(&format!("refs/tags/pkg/v{n}")),
+            "v{n} missing"
+        );
+    }
+    assert!(!refs.keys().any(|r| r.contains("proposed/")), "{refs:?}");
+    let merges = git(&upstream, &["rev-list", "--merges", "--count", "main"]);
+    assert_eq!(merges.trim(), PUBLISHERS.to_string());
+    fsck(&upstream);
+    eprintln!("{PUBLISHERS} publishers: {conflicts} lost races retried");
+}

@@ -144,3 +144,49 @@ pub(crate) fn git_daemon(root: &Path) -> Server {
     wait_listening(port);
     Server { child, port }
 }
+
+/// A TLS-terminating proxy on loopback in front of `backend_port`, with a
+/// fresh self-signed certificate for `127.0.0.1`; returns its port and the
+/// certificate (PEM) to trust.
+pub(crate) async fn tls_proxy(backend_port: u16) -> (u16, Vec<u8>) {
+    use std::sync::Arc;
+    let generated =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("certificate");
+    let cert_pem = generated.cert.pem().into_bytes();
+    let key_pem = generated.signing_key.serialize_pem();
+    let certs = rustls_pemfile::certs(&mut cert_pem.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certs");
+    let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+        .expect("key")
+        .expect("one key");
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut backend) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", backend_port)).await
+                else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut backend).await;
+            });
+        }
+    });
+    (port, cert_pem)
+}
