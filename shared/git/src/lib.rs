@@ -27,4 +27,5 @@ pub mod pack;
 pub mod pktline;
 pub mod remote;
 pub mod repo;
+pub mod s3;
 pub mod store;

@@ -20,6 +20,15 @@ pub struct StoredObject {
     pub etag: ETag,
 }
 
+/// The answer to a conditional get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    Missing,
+    /// The object still has the tag the caller holds (`304 Not Modified`).
+    NotModified,
+    Found(StoredObject),
+}
+
 /// When a put may happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutCondition {
@@ -49,6 +58,25 @@ pub enum StoreError {
     },
     #[error("timed out waiting for the lock on {key}")]
     LockTimeout { key: String },
+    #[error("the object store failed to {step} {key}: {message}")]
+    Unavailable {
+        step: &'static str,
+        key: String,
+        message: String,
+        /// Server errors, throttling, timeouts, broken connections.
+        transient: bool,
+    },
+}
+
+impl StoreError {
+    /// Worth retrying after a pause.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Unavailable { transient, .. } => *transient,
+            Self::LockTimeout { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// What the snapshot needs from an object store.
@@ -58,6 +86,13 @@ pub trait ObjectStore: Send + Sync {
         &self,
         key: &str,
     ) -> impl Future<Output = Result<Option<StoredObject>, StoreError>> + Send;
+    /// The object unless it still has tag `known` (`If-None-Match`), so a
+    /// caller with a warm copy reads nothing when nothing changed.
+    fn get_if_changed(
+        &self,
+        key: &str,
+        known: Option<&ETag>,
+    ) -> impl Future<Output = Result<Fetched, StoreError>> + Send;
     /// Writes the object if `condition` holds; returns its new tag.
     fn put(
         &self,
@@ -319,6 +354,18 @@ impl ObjectStore for LocalDirStore {
     async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
         let (this, key) = (self.clone(), key.to_owned());
         blocking(move || this.get_blocking(&key)).await
+    }
+
+    async fn get_if_changed(&self, key: &str, known: Option<&ETag>) -> Result<Fetched, StoreError> {
+        let (this, key, known) = (self.clone(), key.to_owned(), known.cloned());
+        blocking(move || {
+            Ok(match this.get_blocking(&key)? {
+                None => Fetched::Missing,
+                Some(object) if Some(&object.etag) == known.as_ref() => Fetched::NotModified,
+                Some(object) => Fetched::Found(object),
+            })
+        })
+        .await
     }
 
     async fn put(

@@ -5,5 +5,6 @@ mod discovery;
 mod operations;
 mod remote;
 mod repo;
+mod s3;
 mod store;
 mod support;

@@ -1,12 +1,16 @@
 //! The local directory store keeps S3's conditional-write semantics, also
 //! under concurrent writers.
 
-use porch_git::store::{LocalDirStore, ObjectStore, PutCondition, StoreError};
+use porch_git::store::{Fetched, LocalDirStore, ObjectStore, PutCondition, StoreError};
 
 #[tokio::test]
 async fn conditional_writes_behave_like_s3() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let store = LocalDirStore::new(tmp.path());
+    conditional_semantics(&LocalDirStore::new(tmp.path())).await;
+}
+
+/// S3's conditional reads and writes, which every store must have.
+pub(crate) async fn conditional_semantics<S: ObjectStore>(store: &S) {
     let key = "repos/ns/blueprints/manifest.json";
     assert_eq!(store.get(key).await.expect("get"), None);
     // If-Match on a missing object: 404
@@ -75,9 +79,22 @@ async fn conditional_writes_behave_like_s3() {
             "repos/ns/blueprints/packs/a.pack"
         ]
     );
+    // a conditional read with the current tag reads nothing
+    assert_eq!(
+        store.get_if_changed(key, Some(&second)).await.expect("get"),
+        Fetched::NotModified
+    );
+    assert!(matches!(
+        store.get_if_changed(key, Some(&porch_git::store::ETag("\"old\"".into()))).await,
+        Ok(Fetched::Found(o)) if o.body == b"two"
+    ));
     store.delete(key).await.expect("delete");
     store.delete(key).await.expect("absent is fine");
     assert_eq!(store.get(key).await.expect("get"), None);
+    assert_eq!(
+        store.get_if_changed(key, Some(&second)).await.expect("get"),
+        Fetched::Missing
+    );
 }
 
 #[tokio::test]
@@ -113,7 +130,11 @@ async fn hostile_keys_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writers_lose_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let store = LocalDirStore::new(tmp.path());
+    concurrent_writers(LocalDirStore::new(tmp.path())).await;
+}
+
+/// 20 read → modify → conditional-put writers of one object.
+pub(crate) async fn concurrent_writers<S: ObjectStore + Clone + 'static>(store: S) {
     let key = "repos/ns/r/manifest.json";
     store
         .put(key, b"[]".to_vec(), PutCondition::IfAbsent)

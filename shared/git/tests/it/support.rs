@@ -190,3 +190,48 @@ pub(crate) async fn tls_proxy(backend_port: u16) -> (u16, Vec<u8>) {
     });
     (port, cert_pem)
 }
+
+/// moto's S3 server, one request at a time (see `servers/moto_serial.py`).
+pub(crate) fn moto_server() -> Server {
+    let port = free_port();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/moto_serial.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg("127.0.0.1")
+        .arg(port.to_string())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 runs moto (pip install 'moto[server]')");
+    wait_listening(port);
+    Server { child, port }
+}
+
+/// An S3 client for a local endpoint with fixed test credentials.
+pub(crate) fn s3_client(endpoint: &str, max_attempts: u32) -> aws_sdk_s3::Client {
+    let options = porch_git::s3::S3Options {
+        endpoint: Some(endpoint.to_owned()),
+        region: Some("us-east-1".into()),
+        force_path_style: true,
+        max_attempts,
+        operation_timeout: std::time::Duration::from_secs(5),
+        ..Default::default()
+    };
+    let builder = aws_sdk_s3::config::Builder::new()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(
+            "testing", "testing", None, None, "tests",
+        ));
+    aws_sdk_s3::Client::from_conf(porch_git::s3::S3Store::config(builder, &options))
+}
+
+/// A bucket on the moto server and a store on it.
+pub(crate) async fn s3_store(server: &Server, bucket: &str) -> porch_git::s3::S3Store {
+    let client = s3_client(&format!("http://127.0.0.1:{}", server.port), 3);
+    client
+        .create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .expect("create bucket");
+    porch_git::s3::S3Store::with_client(client, bucket, "porch").expect("store")
+}
