@@ -28,4 +28,5 @@ pub mod pktline;
 pub mod remote;
 pub mod repo;
 pub mod s3;
+pub mod snapshot;
 pub mod store;

@@ -6,5 +6,6 @@ mod operations;
 mod remote;
 mod repo;
 mod s3;
+mod snapshot;
 mod store;
 mod support;

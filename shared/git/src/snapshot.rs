@@ -1,0 +1,732 @@
+//! The git cache snapshot in an object store, so a cold handler starts
+//! without cloning and a warm one reads almost nothing.
+//!
+//! Layout under a repository's key `K`:
+//! * `K/manifest.json`: format version, remote URL, fetch time, refs, and
+//!   the packs that hold every object the refs reach;
+//! * `K/packs/pack-<checksum>.pack` and `.idx`: immutable, named by the
+//!   pack checksum, verified on download.
+//!
+//! Load reads the manifest only if it changed since this process last saw
+//! it (`If-None-Match`), downloads only the packs the local mirror lacks,
+//! then sets the mirror's refs. Save uploads one pack of the objects new
+//! since the manifest, then replaces the manifest with a conditional put;
+//! when another writer got there first, it merges (union of packs, the
+//! other writer's refs plus this writer's own changes) and tries again, so
+//! no writer loses another's packs or refs. Packs are compacted into one
+//! when they pile up; replaced packs are deleted only after a grace period,
+//! since a reader may still be loading an older manifest. The remote stays
+//! the source of truth: a missing or corrupt snapshot is rebuilt from it.
+
+use crate::remote::{Remote, RemoteError};
+use crate::repo::{GitRepo, RepoError};
+use crate::store::{ETag, Fetched, ObjectStore, PutCondition, StoreError, validate_key};
+use gix::ObjectId;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The manifest format this code reads and writes.
+pub const FORMAT: u32 = 1;
+
+/// The largest manifest accepted (about a million refs).
+pub const MAX_MANIFEST_BYTES: usize = 128 << 20;
+
+/// Packs beyond this many are compacted into one on the next save.
+pub const COMPACT_AT: usize = 16;
+
+/// How long a replaced pack stays readable for loaders of older manifests.
+pub const RETIRE_GRACE: Duration = Duration::from_secs(3600);
+
+/// How often a save retries after losing the manifest race.
+const SAVE_ATTEMPTS: usize = 64;
+
+const STATE_FILE: &str = "porch-snapshot.json";
+
+/// A pack replaced by compaction, deleted after [`RETIRE_GRACE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RetiredPack {
+    pub pack: String,
+    /// Unix seconds.
+    pub since: i64,
+}
+
+/// The manifest of one repository's snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Manifest {
+    pub format: u32,
+    /// The remote the refs came from (no credentials).
+    pub remote: String,
+    /// When the refs were last fetched from or pushed to the remote, Unix seconds.
+    pub fetched_at: i64,
+    /// Branch and tag names → object ids (hex).
+    pub refs: BTreeMap<String, String>,
+    /// Pack checksums (hex); together they hold every object the refs reach.
+    pub packs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired: Vec<RetiredPack>,
+}
+
+/// Why a snapshot could not be used or written.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("the snapshot at {key} is unusable: {reason}")]
+    Corrupt { key: String, reason: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error("failed to {step} {path}")]
+    Io {
+        step: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gave up saving {key} after {attempts} lost races")]
+    Contended { key: String, attempts: usize },
+    #[error("a blocking git task failed: {0}")]
+    Task(String),
+}
+
+fn hex_id(text: &str) -> Option<ObjectId> {
+    (text.len() == 40)
+        .then(|| ObjectId::from_hex(text.as_bytes()).ok())
+        .flatten()
+}
+
+impl Manifest {
+    /// Decodes and checks a manifest from untrusted bytes.
+    ///
+    /// # Errors
+    /// Too large, not JSON, unknown fields, another format version, or a
+    /// bad ref name, object id or pack name.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.len() > MAX_MANIFEST_BYTES {
+            return Err(format!("it is larger than {MAX_MANIFEST_BYTES} bytes"));
+        }
+        let manifest: Self =
+            serde_json::from_slice(bytes).map_err(|e| format!("it is not a manifest: {e}"))?;
+        if manifest.format != FORMAT {
+            return Err(format!(
+                "format {} is not the supported format {FORMAT}",
+                manifest.format
+            ));
+        }
+        if manifest.remote.len() > 4096 {
+            return Err("the remote URL is longer than 4096 bytes".into());
+        }
+        for (name, id) in &manifest.refs {
+            let usable = (name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
+                && gix::refs::FullName::try_from(name.as_str()).is_ok();
+            if !usable {
+                return Err(format!(
+                    "{:?} is not a branch or tag name",
+                    name.chars().take(200).collect::<String>()
+                ));
+            }
+            if hex_id(id).is_none() {
+                return Err(format!("ref {name} has a bad object id"));
+            }
+        }
+        for pack in manifest
+            .packs
+            .iter()
+            .chain(manifest.retired.iter().map(|r| &r.pack))
+        {
+            if hex_id(pack).is_none() {
+                return Err(format!(
+                    "pack name {:?} is not a checksum",
+                    pack.chars().take(80).collect::<String>()
+                ));
+            }
+        }
+        Ok(manifest)
+    }
+
+    /// The refs as ids (checked by [`Manifest::decode`]).
+    pub fn ref_ids(&self) -> BTreeMap<String, ObjectId> {
+        self.refs
+            .iter()
+            .filter_map(|(n, id)| Some((n.clone(), hex_id(id)?)))
+            .collect()
+    }
+}
+
+/// What this process last knew of the snapshot, kept in the mirror.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LocalState {
+    etag: String,
+    manifest: Manifest,
+    /// The refs the mirror had when it was last in step with the snapshot:
+    /// changes since then are this process's to save.
+    synced_refs: BTreeMap<String, String>,
+}
+
+/// What a load did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loaded {
+    pub manifest: Manifest,
+    pub etag: ETag,
+    /// Bytes read from the object store (0 when nothing changed).
+    pub bytes_read: u64,
+    pub packs_downloaded: usize,
+}
+
+/// The result of [`Snapshots::load`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadOutcome {
+    Loaded(Loaded),
+    /// No snapshot yet.
+    Missing,
+}
+
+/// What a save did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Saved {
+    pub etag: ETag,
+    /// The pack uploaded (`None` when no object was new).
+    pub pack: Option<String>,
+    pub bytes_written: u64,
+    /// Times the manifest had to be merged with another writer's.
+    pub merges: usize,
+    pub compacted: bool,
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn hex_map(refs: &BTreeMap<String, ObjectId>) -> BTreeMap<String, String> {
+    refs.iter()
+        .map(|(n, id)| (n.clone(), id.to_string()))
+        .collect()
+}
+
+fn mirrored(refs: BTreeMap<String, ObjectId>) -> BTreeMap<String, ObjectId> {
+    refs.into_iter()
+        .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
+        .collect()
+}
+
+/// Checks that `bytes` is a whole pack (or index) whose trailing checksum
+/// matches its content, and returns the pack checksum it names.
+fn verify_trailer(bytes: &[u8], magic: &[u8]) -> Option<ObjectId> {
+    if bytes.len() < 32 || !bytes.starts_with(magic) {
+        return None;
+    }
+    let (content, trailer) = bytes.split_at(bytes.len() - 20);
+    let mut hasher = gix::hash::hasher(gix::hash::Kind::Sha1);
+    hasher.update(content);
+    let computed = hasher.try_finalize().ok()?;
+    (computed.as_bytes() == trailer).then_some(computed)
+}
+
+/// The snapshot of one repository in `store`, with the local mirror it
+/// loads into and saves from.
+#[derive(Debug)]
+pub struct Snapshots<S> {
+    store: S,
+    key: String,
+    mirror: PathBuf,
+}
+
+impl<S: ObjectStore> Snapshots<S> {
+    /// The snapshot under `key` (e.g. `repos/<namespace>/<repository>`),
+    /// mirrored at `mirror` (created when missing).
+    ///
+    /// # Errors
+    /// An unsafe key, or a mirror directory that cannot hold a repository.
+    pub fn new(store: S, key: &str, mirror: impl Into<PathBuf>) -> Result<Self, SnapshotError> {
+        validate_key(key)?;
+        let mirror = mirror.into();
+        GitRepo::init_bare(&mirror)?;
+        Ok(Self {
+            store,
+            key: key.trim_end_matches('/').to_owned(),
+            mirror,
+        })
+    }
+
+    pub fn mirror(&self) -> &Path {
+        &self.mirror
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    fn manifest_key(&self) -> String {
+        format!("{}/manifest.json", self.key)
+    }
+
+    fn pack_key(&self, pack: &str, ext: &str) -> String {
+        format!("{}/packs/pack-{pack}.{ext}", self.key)
+    }
+
+    fn corrupt(&self, reason: impl Into<String>) -> SnapshotError {
+        SnapshotError::Corrupt {
+            key: self.key.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError {
+        let path = path.display().to_string();
+        move |source| SnapshotError::Io { step, path, source }
+    }
+
+    fn read_state(&self) -> Option<LocalState> {
+        let bytes = std::fs::read(self.mirror.join(STATE_FILE)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn write_state(&self, state: &LocalState) -> Result<(), SnapshotError> {
+        let path = self.mirror.join(STATE_FILE);
+        let tmp = self.mirror.join(format!(".{STATE_FILE}.tmp"));
+        let body = serde_json::to_vec(state).map_err(|e| self.corrupt(e.to_string()))?;
+        std::fs::write(&tmp, body).map_err(Self::io("write", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(Self::io("rename", &path))
+    }
+
+    fn local_pack(&self, pack: &str, ext: &str) -> PathBuf {
+        self.mirror
+            .join("objects/pack")
+            .join(format!("pack-{pack}.{ext}"))
+    }
+
+    /// Downloads, verifies and installs one pack with its index.
+    async fn download_pack(&self, pack: &str) -> Result<u64, SnapshotError> {
+        let expected = hex_id(pack).ok_or_else(|| self.corrupt("bad pack name"))?;
+        let mut read = 0u64;
+        let mut bodies = Vec::new();
+        for ext in ["pack", "idx"] {
+            let key = self.pack_key(pack, ext);
+            let object = self
+                .store
+                .get(&key)
+                .await?
+                .ok_or_else(|| self.corrupt(format!("{key} is missing")))?;
+            read += u64::try_from(object.body.len()).unwrap_or(u64::MAX);
+            bodies.push(object.body);
+        }
+        let (pack_bytes, idx_bytes) = (&bodies[0], &bodies[1]);
+        if verify_trailer(pack_bytes, b"PACK") != Some(expected) {
+            return Err(self.corrupt(format!("pack {pack} does not match its checksum")));
+        }
+        let idx_names_pack = idx_bytes.len() >= 40
+            && &idx_bytes[idx_bytes.len() - 40..idx_bytes.len() - 20] == expected.as_bytes();
+        if verify_trailer(idx_bytes, b"\xfftOc").is_none() || !idx_names_pack {
+            return Err(self.corrupt(format!("index of pack {pack} is damaged")));
+        }
+        let dir = self.mirror.join("objects/pack");
+        std::fs::create_dir_all(&dir).map_err(Self::io("create", &dir))?;
+        // the pack first, the index last: a pack without its index is not read
+        for (ext, body) in [("pack", pack_bytes), ("idx", idx_bytes)] {
+            let path = self.local_pack(pack, ext);
+            let tmp = dir.join(format!(".tmp-pack-{pack}.{ext}"));
+            std::fs::write(&tmp, body).map_err(Self::io("write", &tmp))?;
+            std::fs::rename(&tmp, &path).map_err(Self::io("rename", &path))?;
+        }
+        Ok(read)
+    }
+
+    /// Brings the mirror to the snapshot: the manifest if it changed, the
+    /// packs the mirror lacks, then the refs.
+    ///
+    /// # Errors
+    /// [`SnapshotError::Corrupt`] for a bad manifest or pack (rebuild it
+    /// from the remote), store errors.
+    pub async fn load(&self) -> Result<LoadOutcome, SnapshotError> {
+        let state = self.read_state();
+        let known = state.as_ref().map(|s| ETag(s.etag.clone()));
+        let (manifest, etag, mut bytes_read) = match self
+            .store
+            .get_if_changed(&self.manifest_key(), known.as_ref())
+            .await?
+        {
+            Fetched::Missing => return Ok(LoadOutcome::Missing),
+            Fetched::NotModified => match state {
+                Some(state) => (state.manifest, ETag(state.etag), 0),
+                None => return Err(self.corrupt("not modified, but never loaded")),
+            },
+            Fetched::Found(object) => {
+                let manifest = Manifest::decode(&object.body).map_err(|r| self.corrupt(r))?;
+                let read = u64::try_from(object.body.len()).unwrap_or(u64::MAX);
+                (manifest, object.etag, read)
+            }
+        };
+        let mut packs_downloaded = 0;
+        for pack in &manifest.packs {
+            if !self.local_pack(pack, "idx").exists() {
+                bytes_read += self.download_pack(pack).await?;
+                packs_downloaded += 1;
+            }
+        }
+        let refs = manifest.ref_ids();
+        let mirror = self.mirror.clone();
+        let synced = refs.clone();
+        let complete = tokio::task::spawn_blocking(move || {
+            let repo = GitRepo::open(&mirror)?;
+            if let Some((name, _)) = synced.iter().find(|(_, id)| !repo.has_object(**id)) {
+                return Ok::<_, RepoError>(Some(name.clone()));
+            }
+            repo.mirror_refs(&synced)?;
+            Ok(None)
+        })
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+        if let Some(name) = complete {
+            return Err(self.corrupt(format!("no pack holds the commit of {name}")));
+        }
+        self.write_state(&LocalState {
+            etag: etag.0.clone(),
+            manifest: manifest.clone(),
+            synced_refs: hex_map(&refs),
+        })?;
+        Ok(LoadOutcome::Loaded(Loaded {
+            manifest,
+            etag,
+            bytes_read,
+            packs_downloaded,
+        }))
+    }
+
+    /// Uploads a pack of the objects the mirror's refs reach beyond
+    /// `known`, installing it locally too. Returns its checksum and size.
+    /// With `overwrite`, a pack already stored under the same name is
+    /// replaced (a rebuild after damage); else it is taken as written.
+    async fn upload_pack(
+        &self,
+        tips: Vec<ObjectId>,
+        known: Vec<ObjectId>,
+        overwrite: bool,
+    ) -> Result<Option<(String, u64)>, SnapshotError> {
+        let mirror = self.mirror.clone();
+        let indexed = tokio::task::spawn_blocking(move || {
+            let repo = GitRepo::open(&mirror)?;
+            let ids = repo.missing_objects(&tips, &known)?;
+            if ids.is_empty() {
+                return Ok::<_, RepoError>(None);
+            }
+            let pack = repo.write_pack(&ids)?;
+            Ok(repo.index_pack(&pack.bytes)?.map(|p| p.checksum))
+        })
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+        let Some(checksum) = indexed else {
+            return Ok(None);
+        };
+        let name = checksum.to_string();
+        let mut written = 0u64;
+        for ext in ["pack", "idx"] {
+            let path = self.local_pack(&name, ext);
+            let body = std::fs::read(&path).map_err(Self::io("read", &path))?;
+            written += u64::try_from(body.len()).unwrap_or(u64::MAX);
+            let condition = if overwrite {
+                PutCondition::Always
+            } else {
+                PutCondition::IfAbsent
+            };
+            match self
+                .store
+                .put(&self.pack_key(&name, ext), body, condition)
+                .await
+            {
+                // content-addressed: already there is as good as written
+                Ok(_) | Err(StoreError::PreconditionFailed { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Some((name, written)))
+    }
+
+    /// Saves the mirror's branches and tags: a pack of what is new since
+    /// the snapshot, then the manifest by conditional put, merged with any
+    /// concurrent writer's.
+    ///
+    /// # Errors
+    /// Store or git errors, or [`SnapshotError::Contended`].
+    pub async fn save(&self, remote_url: &str) -> Result<Saved, SnapshotError> {
+        self.save_inner(remote_url, false).await
+    }
+
+    async fn save_inner(&self, remote_url: &str, overwrite: bool) -> Result<Saved, SnapshotError> {
+        let state = self.read_state();
+        let mirror = self.mirror.clone();
+        let ours = tokio::task::spawn_blocking(move || {
+            GitRepo::open(&mirror)?.try_refs_unpeeled().map(mirrored)
+        })
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+        let synced: BTreeMap<String, ObjectId> = state
+            .as_ref()
+            .map(|s| {
+                s.synced_refs
+                    .iter()
+                    .filter_map(|(n, id)| Some((n.clone(), hex_id(id)?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let base = state
+            .as_ref()
+            .map(|s| s.manifest.ref_ids())
+            .unwrap_or_default();
+        let known: Vec<ObjectId> = base.values().chain(synced.values()).copied().collect();
+        let uploaded = self
+            .upload_pack(ours.values().copied().collect(), known, overwrite)
+            .await?;
+        let mut bytes_written = uploaded.as_ref().map_or(0, |(_, n)| *n);
+
+        // our changes since the mirror was last in step with the snapshot
+        let mut changes: BTreeMap<String, Option<ObjectId>> = BTreeMap::new();
+        for (name, id) in &ours {
+            if synced.get(name) != Some(id) {
+                changes.insert(name.clone(), Some(*id));
+            }
+        }
+        for name in synced.keys() {
+            if !ours.contains_key(name) {
+                changes.insert(name.clone(), None);
+            }
+        }
+
+        let mut current = state.map(|s| (s.manifest, ETag(s.etag)));
+        let mut merges = 0;
+        for _ in 0..SAVE_ATTEMPTS {
+            let (mut manifest, condition) = match &current {
+                Some((manifest, etag)) => (manifest.clone(), PutCondition::IfMatch(etag.clone())),
+                None => (
+                    Manifest {
+                        format: FORMAT,
+                        remote: remote_url.to_owned(),
+                        fetched_at: 0,
+                        refs: BTreeMap::new(),
+                        packs: Vec::new(),
+                        retired: Vec::new(),
+                    },
+                    PutCondition::IfAbsent,
+                ),
+            };
+            if changes.is_empty() && uploaded.is_none() && current.is_some() {
+                let etag = match condition {
+                    PutCondition::IfMatch(etag) => etag,
+                    _ => ETag(String::new()),
+                };
+                self.remember(&manifest, &etag, &ours)?;
+                return Ok(Saved {
+                    etag,
+                    pack: None,
+                    bytes_written,
+                    merges,
+                    compacted: false,
+                });
+            }
+            for (name, id) in &changes {
+                match id {
+                    Some(id) => manifest.refs.insert(name.clone(), id.to_string()),
+                    None => manifest.refs.remove(name),
+                };
+            }
+            if let Some((pack, _)) = &uploaded
+                && !manifest.packs.contains(pack)
+            {
+                manifest.packs.push(pack.clone());
+            }
+            let listed = manifest.packs.clone();
+            manifest.retired.retain(|r| !listed.contains(&r.pack));
+            manifest.remote = remote_url.to_owned();
+            manifest.fetched_at = now();
+            let mut compacted = false;
+            if manifest.packs.len() > COMPACT_AT
+                && let Some((pack, written)) = self.compact(&manifest).await?
+            {
+                let since = now();
+                for old in std::mem::take(&mut manifest.packs) {
+                    if old != pack {
+                        manifest.retired.push(RetiredPack { pack: old, since });
+                    }
+                }
+                manifest.packs = vec![pack];
+                bytes_written += written;
+                compacted = true;
+            }
+            let expired: Vec<String> = manifest
+                .retired
+                .iter()
+                .filter(|r| {
+                    now() - r.since > i64::try_from(RETIRE_GRACE.as_secs()).unwrap_or(i64::MAX)
+                })
+                .map(|r| r.pack.clone())
+                .collect();
+            manifest.retired.retain(|r| !expired.contains(&r.pack));
+            let body =
+                serde_json::to_vec_pretty(&manifest).map_err(|e| self.corrupt(e.to_string()))?;
+            let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
+            match self.store.put(&self.manifest_key(), body, condition).await {
+                Ok(etag) => {
+                    bytes_written += size;
+                    self.remember(&manifest, &etag, &ours)?;
+                    for pack in expired {
+                        if !manifest.packs.contains(&pack) {
+                            for ext in ["pack", "idx"] {
+                                let _ = self.store.delete(&self.pack_key(&pack, ext)).await;
+                            }
+                        }
+                    }
+                    return Ok(Saved {
+                        etag,
+                        pack: uploaded.map(|(p, _)| p),
+                        bytes_written,
+                        merges,
+                        compacted,
+                    });
+                }
+                Err(StoreError::PreconditionFailed { .. } | StoreError::NotFound { .. }) => {
+                    merges += 1;
+                    current = match self.store.get(&self.manifest_key()).await? {
+                        Some(object) => Some((
+                            Manifest::decode(&object.body).map_err(|r| self.corrupt(r))?,
+                            object.etag,
+                        )),
+                        None => None,
+                    };
+                    if let Some((theirs, _)) = &mut current {
+                        // their packs stay; ours is added above
+                        theirs.retired.retain(|r| !theirs.packs.contains(&r.pack));
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(SnapshotError::Contended {
+            key: self.key.clone(),
+            attempts: SAVE_ATTEMPTS,
+        })
+    }
+
+    /// Records what was saved: the manifest, its tag, and the mirror refs
+    /// it now includes.
+    fn remember(
+        &self,
+        manifest: &Manifest,
+        etag: &ETag,
+        ours: &BTreeMap<String, ObjectId>,
+    ) -> Result<(), SnapshotError> {
+        self.write_state(&LocalState {
+            etag: etag.0.clone(),
+            manifest: manifest.clone(),
+            synced_refs: hex_map(ours),
+        })
+    }
+
+    /// One pack of everything the manifest's refs reach, if the mirror has
+    /// all of it (else compaction waits for a writer that does).
+    async fn compact(&self, manifest: &Manifest) -> Result<Option<(String, u64)>, SnapshotError> {
+        let tips: Vec<ObjectId> = manifest.ref_ids().into_values().collect();
+        let mirror = self.mirror.clone();
+        let has_all = {
+            let tips = tips.clone();
+            tokio::task::spawn_blocking(move || {
+                let repo = GitRepo::open(&mirror)?;
+                Ok::<_, RepoError>(tips.iter().all(|t| repo.has_object(*t)))
+            })
+            .await
+            .map_err(|e| SnapshotError::Task(e.to_string()))??
+        };
+        if !has_all {
+            return Ok(None);
+        }
+        self.upload_pack(tips, Vec::new(), false).await
+    }
+
+    /// Rebuilds the snapshot from the remote: a full fetch into the mirror,
+    /// then a save that replaces whatever manifest is there.
+    ///
+    /// # Errors
+    /// The remote or the store fails.
+    pub async fn rebuild<R: Remote>(&self, remote: &R) -> Result<Saved, SnapshotError> {
+        let state_file = self.mirror.join(STATE_FILE);
+        let _ = std::fs::remove_file(&state_file);
+        remote.fetch(&self.mirror).await?;
+        // start from whatever manifest exists (even a corrupt one) so the
+        // conditional put replaces it instead of failing forever
+        if let Some(object) = self.store.get(&self.manifest_key()).await? {
+            let manifest = Manifest {
+                format: FORMAT,
+                remote: remote.url().to_owned(),
+                fetched_at: 0,
+                refs: BTreeMap::new(),
+                packs: Vec::new(),
+                retired: Manifest::decode(&object.body)
+                    .map(|m| {
+                        let since = now();
+                        m.packs
+                            .into_iter()
+                            .map(|pack| RetiredPack { pack, since })
+                            .chain(m.retired)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            };
+            self.write_state(&LocalState {
+                etag: object.etag.0,
+                manifest,
+                synced_refs: BTreeMap::new(),
+            })?;
+        }
+        self.save_inner(remote.url(), true).await
+    }
+
+    /// A mirror ready to use: the snapshot loaded, or rebuilt from the
+    /// remote when it is missing or corrupt.
+    ///
+    /// # Errors
+    /// The store or the remote fails.
+    pub async fn prepare<R: Remote>(&self, remote: &R) -> Result<Prepared, SnapshotError> {
+        match self.load().await {
+            Ok(LoadOutcome::Loaded(loaded)) => Ok(Prepared::Loaded(loaded)),
+            Ok(LoadOutcome::Missing) => Ok(Prepared::Rebuilt(self.rebuild(remote).await?)),
+            Err(SnapshotError::Corrupt { key, reason }) => {
+                tracing::warn!(%key, %reason, "snapshot unusable, rebuilding it from the remote");
+                Ok(Prepared::Rebuilt(self.rebuild(remote).await?))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The packs listed in the store under this snapshot (for tests and
+    /// housekeeping).
+    ///
+    /// # Errors
+    /// The store fails.
+    pub async fn stored_packs(&self) -> Result<BTreeSet<String>, SnapshotError> {
+        let prefix = format!("{}/packs/pack-", self.key);
+        Ok(self
+            .store
+            .list(&prefix)
+            .await?
+            .into_iter()
+            .filter_map(|k| {
+                k.strip_prefix(&prefix)
+                    .and_then(|n| n.strip_suffix(".pack"))
+                    .map(str::to_owned)
+            })
+            .collect())
+    }
+}
+
+/// How [`Snapshots::prepare`] got the mirror ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prepared {
+    Loaded(Loaded),
+    Rebuilt(Saved),
+}

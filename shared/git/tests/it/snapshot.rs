@@ -1,0 +1,394 @@
+//! The snapshot: save and load between mirrors, warm loads that read
+//! nothing, concurrent writers that lose nothing, compaction, and rebuilds
+//! from the remote when the snapshot is missing, corrupt or behind.
+
+use crate::support::{bare_upstream, git, git_commit_files, moto_server, s3_store};
+use porch_api::v1alpha1::{Task, TaskType};
+use porch_git::identity::Identity;
+use porch_git::layout::RepoLayout;
+use porch_git::mirror::{Mirror, RetryPolicy};
+use porch_git::operations::{Actor, Packages};
+use porch_git::remote::{LocalRemote, Remote};
+use porch_git::repo::{Files, GitRepo};
+use porch_git::snapshot::{COMPACT_AT, LoadOutcome, Manifest, Prepared, Snapshots};
+use porch_git::store::{LocalDirStore, ObjectStore, PutCondition};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+const KEY: &str = "repos/default/blueprints";
+
+fn show_refs(dir: &Path) -> BTreeMap<String, String> {
+    git(dir, &["for-each-ref", "--format=%(refname) %(objectname)"])
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
+        .map(|(n, id)| (n.to_owned(), id.to_owned()))
+        .collect()
+}
+
+fn fsck(dir: &Path) {
+    git(dir, &["fsck", "--strict", "--no-dangling"]);
+}
+
+/// An upstream with a few packages on main and a draft branch.
+fn upstream(root: &Path) -> std::path::PathBuf {
+    let dir = bare_upstream(root, "repo");
+    git_commit_files(&dir, "main", &[("README.md", "Created by porch\n")], "init");
+    git_commit_files(
+        &dir,
+        "main",
+        &[
+            ("a/Kptfile", "kind: Kptfile\nname: a\n"),
+            ("b/Kptfile", "kind: Kptfile\nname: b\n"),
+        ],
+        "packages",
+    );
+    git_commit_files(&dir, "drafts/a/ws", &[("a/cm.yaml", "x: 1\n")], "draft");
+    dir
+}
+
+fn draft(
+    ws: &str,
+    uid: &str,
+) -> impl Fn(&GitRepo) -> Result<gix::ObjectId, porch_git::operations::OperationError>
++ Send
++ Sync
++ 'static {
+    let (ws, uid) = (ws.to_owned(), uid.to_owned());
+    move |repo| {
+        Packages {
+            repo,
+            layout: RepoLayout::new("", "main"),
+        }
+        .create_draft(
+            "c",
+            &ws,
+            &Files::from([(
+                "Kptfile".to_owned(),
+                format!("kind: Kptfile\nname: {ws}\n").into_bytes(),
+            )]),
+            Task {
+                type_: TaskType::Init,
+                ..Default::default()
+            },
+            &Actor {
+                uid: uid.clone(),
+                generation: 1,
+                author: Identity::of_user("bob@example.com"),
+                time: 1_795_000_000,
+            },
+        )
+    }
+}
+
+async fn save_and_load_between_mirrors<S: ObjectStore + Clone>(store: S) {
+    let root = tempfile::tempdir().expect("tempdir");
+    let up = upstream(root.path());
+    let remote = LocalRemote::new(&up);
+    let a = Snapshots::new(store.clone(), KEY, root.path().join("a")).expect("a");
+    assert_eq!(a.load().await.expect("load"), LoadOutcome::Missing);
+    let prepared = a.prepare(&remote).await.expect("rebuild");
+    assert!(
+        matches!(prepared, Prepared::Rebuilt(ref s) if s.pack.is_some()),
+        "{prepared:?}"
+    );
+
+    // a fresh process loads it: same refs, a valid repository
+    let b = Snapshots::new(store.clone(), KEY, root.path().join("b")).expect("b");
+    let LoadOutcome::Loaded(loaded) = b.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(loaded.packs_downloaded, 1);
+    assert!(loaded.bytes_read > 0);
+    assert_eq!(show_refs(b.mirror()), show_refs(&up));
+    fsck(b.mirror());
+
+    // warm and unchanged: nothing read
+    let LoadOutcome::Loaded(again) = b.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!((again.bytes_read, again.packs_downloaded), (0, 0));
+
+    // a change through a: b downloads one small pack
+    let mirror =
+        Mirror::new(a.mirror(), LocalRemote::new(&up), RetryPolicy::default()).expect("mirror");
+    mirror.apply(draft("ws1", "u1")).await.expect("draft");
+    let saved = a.save(remote.url()).await.expect("save");
+    assert!(saved.pack.is_some());
+    let LoadOutcome::Loaded(next) = b.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(next.packs_downloaded, 1);
+    assert!(next.bytes_read < 8 * 1024, "read {} bytes", next.bytes_read);
+    assert_eq!(show_refs(b.mirror()), show_refs(&up));
+    fsck(b.mirror());
+
+    // a save with nothing new writes nothing but keeps the tag
+    let unchanged = a.save(remote.url()).await.expect("save");
+    assert_eq!((unchanged.pack, unchanged.bytes_written), (None, 0));
+}
+
+#[tokio::test]
+async fn save_and_load_on_a_local_directory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    save_and_load_between_mirrors(LocalDirStore::new(tmp.path())).await;
+}
+
+#[tokio::test]
+async fn save_and_load_on_s3() {
+    let server = moto_server();
+    save_and_load_between_mirrors(s3_store(&server, "snapshots").await).await;
+}
+
+/// 20 writers load the same snapshot, each adds its own branch, all save
+/// at once: the manifest ends with every branch and every pack, and a
+/// fresh load has them all.
+async fn concurrent_savers<S: ObjectStore + Clone + 'static>(store: S) {
+    const WRITERS: usize = 20;
+    let root = tempfile::tempdir().expect("tempdir");
+    let up = upstream(root.path());
+    let first = Snapshots::new(store.clone(), KEY, root.path().join("first")).expect("first");
+    first
+        .prepare(&LocalRemote::new(&up))
+        .await
+        .expect("rebuild");
+    let mut writers = Vec::new();
+    for i in 0..WRITERS {
+        let snapshots =
+            Snapshots::new(store.clone(), KEY, root.path().join(format!("w{i}"))).expect("w");
+        snapshots.load().await.expect("load");
+        let repo = GitRepo::open(snapshots.mirror()).expect("open");
+        let files = Files::from([(format!("f{i}"), format!("{i}\n").into_bytes())]);
+        let tree = repo.write_files(&files).expect("tree");
+        let who = Identity::of_user("w@example.com");
+        let commit = repo
+            .commit(tree, &[], &format!("w{i}"), &who, &who, 1)
+            .expect("commit");
+        repo.update_ref(&format!("refs/heads/w{i}"), None, Some(commit))
+            .expect("ref");
+        writers.push(snapshots);
+    }
+    let tasks: Vec<_> = writers
+        .into_iter()
+        .map(|s| tokio::spawn(async move { s.save("file:///upstream").await }))
+        .collect();
+    let mut merges = 0;
+    for task in tasks {
+        merges += task.await.expect("join").expect("save").merges;
+    }
+    let fresh = Snapshots::new(store.clone(), KEY, root.path().join("fresh")).expect("fresh");
+    let LoadOutcome::Loaded(loaded) = fresh.load().await.expect("load") else {
+        panic!("missing")
+    };
+    let refs = show_refs(fresh.mirror());
+    for i in 0..WRITERS {
+        assert!(
+            refs.contains_key(&format!("refs/heads/w{i}")),
+            "w{i} lost: {refs:?}"
+        );
+    }
+    for (name, id) in show_refs(&up) {
+        assert_eq!(refs.get(&name), Some(&id), "{name}");
+    }
+    let stored = fresh.stored_packs().await.expect("packs");
+    for pack in &loaded.manifest.packs {
+        assert!(stored.contains(pack), "pack {pack} listed but not stored");
+    }
+    fsck(fresh.mirror());
+    eprintln!(
+        "{WRITERS} concurrent savers: {merges} manifest merges, {} packs",
+        loaded.manifest.packs.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_savers_on_a_local_directory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    concurrent_savers(LocalDirStore::new(tmp.path())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_savers_on_s3() {
+    let server = moto_server();
+    concurrent_savers(s3_store(&server, "race").await).await;
+}
+
+#[tokio::test]
+async fn packs_are_compacted_and_loads_still_work() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let store = LocalDirStore::new(root.path().join("store"));
+    let up = upstream(root.path());
+    let remote = LocalRemote::new(&up);
+    let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
+    writer.prepare(&remote).await.expect("rebuild");
+    let mirror = Mirror::new(
+        writer.mirror(),
+        LocalRemote::new(&up),
+        RetryPolicy::default(),
+    )
+    .expect("mirror");
+    let mut compacted = false;
+    for i in 0..=COMPACT_AT {
+        mirror
+            .apply(draft(&format!("ws{i}"), &format!("u{i}")))
+            .await
+            .expect("draft");
+        compacted |= writer.save(remote.url()).await.expect("save").compacted;
+    }
+    assert!(compacted, "more than {COMPACT_AT} packs were compacted");
+    let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
+    let LoadOutcome::Loaded(loaded) = reader.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert!(
+        loaded.manifest.packs.len() <= 2,
+        "{:?}",
+        loaded.manifest.packs
+    );
+    assert!(
+        !loaded.manifest.retired.is_empty(),
+        "old packs kept for readers of older manifests"
+    );
+    assert_eq!(show_refs(reader.mirror()), show_refs(&up));
+    fsck(reader.mirror());
+}
+
+#[tokio::test]
+async fn a_corrupt_snapshot_is_rebuilt_from_the_remote() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let store = LocalDirStore::new(root.path().join("store"));
+    let up = upstream(root.path());
+    let remote = LocalRemote::new(&up);
+    let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
+    writer.prepare(&remote).await.expect("rebuild");
+
+    // a damaged pack: detected by its checksum, then rebuilt
+    let packs = writer.stored_packs().await.expect("packs");
+    let pack_key = format!(
+        "{KEY}/packs/pack-{}.pack",
+        packs.iter().next().expect("one pack")
+    );
+    let mut body = store.get(&pack_key).await.expect("get").expect("pack").body;
+    let middle = body.len() / 2;
+    body[middle] ^= 0xff;
+    store
+        .put(&pack_key, body, PutCondition::Always)
+        .await
+        .expect("damage");
+    let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
+    let err = reader.load().await.expect_err("corrupt");
+    assert!(err.to_string().contains("checksum"), "{err}");
+    let prepared = reader.prepare(&remote).await.expect("prepare");
+    assert!(matches!(prepared, Prepared::Rebuilt(_)), "{prepared:?}");
+    assert_eq!(show_refs(reader.mirror()), show_refs(&up));
+    let other = Snapshots::new(store.clone(), KEY, root.path().join("o")).expect("o");
+    assert!(matches!(
+        other.load().await.expect("load"),
+        LoadOutcome::Loaded(_)
+    ));
+    fsck(other.mirror());
+
+    // garbage in the manifest: rebuilt too
+    store
+        .put(
+            &format!("{KEY}/manifest.json"),
+            b"{not json".to_vec(),
+            PutCondition::Always,
+        )
+        .await
+        .expect("garbage");
+    let again = Snapshots::new(store.clone(), KEY, root.path().join("g")).expect("g");
+    assert!(matches!(
+        again.prepare(&remote).await.expect("prepare"),
+        Prepared::Rebuilt(_)
+    ));
+    assert_eq!(show_refs(again.mirror()), show_refs(&up));
+}
+
+/// A handler killed after its push and before its manifest write: the next
+/// one loads the older snapshot, fetches, and the save converges.
+#[tokio::test]
+async fn killed_between_push_and_manifest_converges() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let store = LocalDirStore::new(root.path().join("store"));
+    let up = upstream(root.path());
+    let remote = LocalRemote::new(&up);
+    let first = Snapshots::new(store.clone(), KEY, root.path().join("first")).expect("first");
+    first.prepare(&remote).await.expect("rebuild");
+    let mirror = Mirror::new(
+        first.mirror(),
+        LocalRemote::new(&up),
+        RetryPolicy::default(),
+    )
+    .expect("mirror");
+    mirror.apply(draft("lost", "u-lost")).await.expect("pushed");
+    // ...killed here: no save
+
+    let next = Snapshots::new(store.clone(), KEY, root.path().join("next")).expect("next");
+    next.prepare(&remote).await.expect("load");
+    assert!(
+        !show_refs(next.mirror()).contains_key("refs/heads/drafts/c/lost"),
+        "snapshot is behind"
+    );
+    let mirror =
+        Mirror::new(next.mirror(), LocalRemote::new(&up), RetryPolicy::default()).expect("mirror");
+    // the same invocation delivered again: recognised, nothing pushed twice
+    let again = mirror.apply(draft("lost", "u-lost")).await.expect("again");
+    assert!(again.updates.is_empty());
+    next.save(remote.url()).await.expect("save");
+    let last = Snapshots::new(store.clone(), KEY, root.path().join("last")).expect("last");
+    last.load().await.expect("load");
+    assert_eq!(show_refs(last.mirror()), show_refs(&up));
+}
+
+#[test]
+fn hostile_manifests_are_refused() {
+    let good = r#"{"format":1,"remote":"https://example.com/r.git","fetchedAt":1,
+        "refs":{"refs/heads/main":"0123456789012345678901234567890123456789"},
+        "packs":["0123456789012345678901234567890123456789"]}"#;
+    assert!(Manifest::decode(good.as_bytes()).is_ok());
+    let id = "0123456789012345678901234567890123456789";
+    for (bad, needle) in [
+        ("{", "not a manifest"),
+        ("[]", "not a manifest"),
+        (&good.replace("\"format\":1", "\"format\":2"), "format 2"),
+        (
+            &good.replace("\"packs\"", "\"extra\":1,\"packs\""),
+            "unknown field",
+        ),
+        (&good.replace("refs/heads/main", "HEAD"), "not a branch"),
+        (
+            &good.replace("refs/heads/main", "refs/heads/../x"),
+            "not a branch",
+        ),
+        (
+            &good.replace("refs/heads/main", "refs/remotes/x"),
+            "not a branch",
+        ),
+        (&good.replacen(id, "zz", 1), "bad object id"),
+        (
+            &good.replacen(&format!("[\"{id}\"]"), "[\"../../etc/passwd\"]", 1),
+            "not a checksum",
+        ),
+    ] {
+        let err = Manifest::decode(bad.as_bytes()).expect_err(bad);
+        assert!(err.contains(needle), "{bad}: {err}");
+    }
+    let huge = vec![b' '; porch_git::snapshot::MAX_MANIFEST_BYTES + 1];
+    assert!(
+        Manifest::decode(&huge)
+            .expect_err("huge")
+            .contains("larger")
+    );
+}
+
+#[test]
+fn hostile_snapshot_keys_are_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for key in ["../x", "/abs", "a//b", ""] {
+        assert!(
+            Snapshots::new(LocalDirStore::new(tmp.path()), key, tmp.path().join("m")).is_err(),
+            "{key}"
+        );
+    }
+}
