@@ -201,6 +201,38 @@ impl Packages<'_> {
         }
     }
 
+    /// Draft → Proposed: the draft branch becomes the proposed branch.
+    ///
+    /// # Errors
+    /// As [`Packages::move_branch`].
+    pub fn propose(&self, package: &str, workspace: &str) -> Result<ObjectId, OperationError> {
+        self.move_branch(package, workspace, true)
+    }
+
+    /// Proposed → Draft.
+    ///
+    /// # Errors
+    /// As [`Packages::move_branch`].
+    pub fn reject(&self, package: &str, workspace: &str) -> Result<ObjectId, OperationError> {
+        self.move_branch(package, workspace, false)
+    }
+
+    /// Published → DeletionProposed.
+    ///
+    /// # Errors
+    /// As [`Packages::set_deletion_proposed`].
+    pub fn propose_delete(&self, package: &str, revision: u64) -> Result<(), OperationError> {
+        self.set_deletion_proposed(package, revision, true)
+    }
+
+    /// DeletionProposed → Published.
+    ///
+    /// # Errors
+    /// As [`Packages::set_deletion_proposed`].
+    pub fn restore(&self, package: &str, revision: u64) -> Result<(), OperationError> {
+        self.set_deletion_proposed(package, revision, false)
+    }
+
     /// The highest revision ever published for `package`: tags, and the
     /// approvals recorded on the branch (so a deleted top revision is never
     /// reused, unlike the reference: spec §9 item 27).

@@ -121,7 +121,7 @@ pub enum RemoteError {
     Auth { url: String, status: u16 },
     #[error("{url} is not a smart git server: {reason}")]
     NotSmart { url: String, reason: String },
-    #[error("malformed answer from {url}")]
+    #[error("malformed answer from {url}: {source}")]
     Protocol {
         url: String,
         #[source]
@@ -136,6 +136,8 @@ pub enum RemoteError {
     },
     #[error("{url} could not store the pushed objects: {reason}")]
     Unpack { url: String, reason: String },
+    #[error("{url} reported an error: {message}")]
+    Server { url: String, message: String },
     #[error("{url} does not support {what}")]
     Unsupported { url: String, what: &'static str },
     #[error("invalid ref update: {0}")]
@@ -173,7 +175,10 @@ impl RemoteError {
         match self {
             Self::Unreachable { transient, .. } => *transient,
             Self::Http { status, .. } => *status >= 500 || *status == 429 || *status == 408,
-            Self::Unpack { reason, .. } => {
+            Self::Unpack { reason, .. }
+            | Self::Server {
+                message: reason, ..
+            } => {
                 let reason = reason.to_ascii_lowercase();
                 reason.contains("unable to migrate objects")
                     || reason.contains("stale file handle")
@@ -471,9 +476,15 @@ impl SmartRemote {
     }
 
     fn protocol(&self, source: ProtocolError) -> RemoteError {
-        RemoteError::Protocol {
-            url: self.display.clone(),
-            source,
+        match source {
+            ProtocolError::Remote(message) => RemoteError::Server {
+                url: self.display.clone(),
+                message,
+            },
+            source => RemoteError::Protocol {
+                url: self.display.clone(),
+                source,
+            },
         }
     }
 

@@ -1,6 +1,7 @@
 //! Integration tests of porch-git against the git CLI (tests may use git;
 //! product code never does).
 
+mod compat;
 mod discovery;
 mod operations;
 mod remote;

@@ -114,7 +114,7 @@ async fn lifecycle_through<R: Remote>(remote: R, upstream: &Path) {
                 repo,
                 layout: layout2.clone(),
             }
-            .move_branch("basens", "ws1", true)
+            .propose("basens", "ws1")
         })
         .await
         .expect("propose");
@@ -807,7 +807,7 @@ async fn concurrent_publishers_over_http_get_consecutive_revisions() {
                     init_task(),
                     &actor(&format!("u{ws2}")),
                 )?;
-                ops.move_branch("pkg", &ws2, true)
+                ops.propose("pkg", &ws2)
             })
             .await
             .expect("draft and proposal");
@@ -850,4 +850,184 @@ async fn concurrent_publishers_over_http_get_consecutive_revisions() {
     assert_eq!(merges.trim(), PUBLISHERS.to_string());
     fsck(&upstream);
     eprintln!("{PUBLISHERS} publishers: {conflicts} lost races retried");
+}
+
+/// A pkt-line of `text`.
+fn pkt(text: &[u8]) -> Vec<u8> {
+    porch_git::pktline::encode(text).expect("pkt")
+}
+
+/// A receive-pack advertisement of an empty repository.
+fn empty_receive_pack_advertisement() -> Vec<u8> {
+    let mut body = pkt(b"# service=git-receive-pack\n");
+    body.extend_from_slice(b"0000");
+    body.extend(pkt(
+        b"0000000000000000000000000000000000000000 capabilities^{}\0report-status delete-refs side-band-64k atomic\n",
+    ));
+    body.extend_from_slice(b"0000");
+    body
+}
+
+/// A mirror with one commit, and the update that creates `refs/heads/x`.
+fn one_commit_mirror() -> (tempfile::TempDir, RefUpdate) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(tmp.path()).expect("init");
+    let tree = repo.write_files(&files("1")).expect("tree");
+    let who = Identity::of_user("a@b.c");
+    let commit = repo
+        .commit(tree, &[], "one", &who, &who, 1)
+        .expect("commit");
+    (
+        tmp,
+        RefUpdate {
+            name: "refs/heads/x".into(),
+            expected: None,
+            new: Some(commit),
+        },
+    )
+}
+
+async fn hostile_server(
+    advertisement: (u16, &str, Vec<u8>),
+    report: Option<Vec<u8>>,
+) -> wiremock::MockServer {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    let (status, content_type, body) = advertisement;
+    Mock::given(method("GET"))
+        .and(path("/repo.git/info/refs"))
+        .respond_with(
+            ResponseTemplate::new(status)
+                .insert_header("content-type", content_type)
+                .set_body_bytes(body),
+        )
+        .mount(&server)
+        .await;
+    if let Some(report) = report {
+        Mock::given(method("POST"))
+            .and(path("/repo.git/git-receive-pack"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("content-type", "application/x-git-receive-pack-result")
+                    .set_body_bytes(report),
+            )
+            .mount(&server)
+            .await;
+    }
+    server
+}
+
+/// A server that answers badly gets a clear, typed error, never a panic or
+/// a push taken as done.
+#[tokio::test]
+async fn hostile_servers_get_clear_errors() {
+    const ADV: &str = "application/x-git-receive-pack-advertisement";
+    let sideband = |payload: &[u8]| {
+        let mut band = vec![1u8];
+        band.extend(payload);
+        let mut out = pkt(&band);
+        out.extend_from_slice(b"0000");
+        out
+    };
+    let report = |lines: &[&str]| {
+        let mut out = Vec::new();
+        for line in lines {
+            out.extend(pkt(line.as_bytes()));
+        }
+        out.extend_from_slice(b"0000");
+        out
+    };
+    type Advertised<'a> = (u16, &'a str, Vec<u8>);
+    let cases: Vec<(Advertised, Option<Vec<u8>>, &str)> = vec![
+        (
+            (200, "text/plain", b"dumb".to_vec()),
+            None,
+            "not a smart git server",
+        ),
+        (
+            (404, "text/plain", b"no such repository".to_vec()),
+            None,
+            "HTTP 404",
+        ),
+        (
+            (200, ADV, b"zzzzgarbage".to_vec()),
+            None,
+            "malformed answer",
+        ),
+        (
+            (200, ADV, b"0032not-an-id refs/heads/main\n".to_vec()),
+            None,
+            "malformed answer",
+        ),
+        ((200, ADV, b"00ff short".to_vec()), None, "malformed answer"),
+        (
+            (200, ADV, empty_receive_pack_advertisement()),
+            Some(sideband(&report(&["unpack ok\n"]))),
+            "malformed answer",
+        ),
+        (
+            (200, ADV, empty_receive_pack_advertisement()),
+            Some(sideband(&report(&[
+                "unpack index-pack failed\n",
+                "ng refs/heads/x unpacker error\n",
+            ]))),
+            "could not store the pushed objects",
+        ),
+        (
+            (200, ADV, empty_receive_pack_advertisement()),
+            Some({
+                let mut out = pkt(b"\x03fatal: out of disk\n");
+                out.extend_from_slice(b"0000");
+                out
+            }),
+            "out of disk",
+        ),
+        (
+            (200, ADV, empty_receive_pack_advertisement()),
+            Some(b"\x00\x01\x02".to_vec()),
+            "malformed answer",
+        ),
+    ];
+    for (advertisement, post, needle) in cases {
+        let server = hostile_server(advertisement, post).await;
+        let remote = SmartRemote::new(
+            &format!("{}/repo.git", server.uri()),
+            RemoteOptions::default(),
+        )
+        .expect("remote");
+        let (mirror, update) = one_commit_mirror();
+        let err = remote
+            .push(mirror.path(), &[update])
+            .await
+            .expect_err(needle);
+        assert!(
+            err.to_string().contains(needle),
+            "expected {needle:?}: {err}"
+        );
+    }
+    // an advertisement beyond the limit is refused, not buffered
+    let mut huge = empty_receive_pack_advertisement();
+    huge.truncate(huge.len() - 4);
+    for i in 0..2000 {
+        huge.extend(pkt(
+            format!("{} refs/heads/b{i}\n", "1".repeat(40)).as_bytes()
+        ));
+    }
+    huge.extend_from_slice(b"0000");
+    let server = hostile_server((200, ADV, huge), None).await;
+    let remote = SmartRemote::new(
+        &format!("{}/repo.git", server.uri()),
+        RemoteOptions {
+            max_advertisement_bytes: 16 * 1024,
+            ..RemoteOptions::default()
+        },
+    )
+    .expect("remote");
+    let (mirror, update) = one_commit_mirror();
+    let err = remote
+        .push(mirror.path(), &[update])
+        .await
+        .expect_err("too large");
+    assert!(matches!(err, RemoteError::TooLarge { .. }), "{err:?}");
 }
