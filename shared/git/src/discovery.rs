@@ -9,13 +9,13 @@
 
 use crate::annotation::parse_annotations;
 use crate::layout::{RepoLayout, RevisionRef};
-use crate::repo::{GitRepo, RepoError};
+use crate::repo::{CommitInfo, GitRepo, PathLookup, RepoError};
 use gix::ObjectId;
 use porch_api::Lifecycle;
 use porch_api::common::{GitLock, Locator};
 use porch_api::kptfile::Kptfile;
 use porch_api::naming::RevisionName;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// One package revision as git holds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +64,19 @@ pub fn discover(
         })
         .collect();
     let mut found = BTreeMap::new();
+    let mut lookup = PathLookup::new(repo);
+    let mut infos: HashMap<ObjectId, CommitInfo> = HashMap::new();
+    let mut locks: HashMap<ObjectId, Option<Locator>> = HashMap::new();
+    let commit_info = |infos: &mut HashMap<ObjectId, CommitInfo>,
+                       id: ObjectId|
+     -> Result<CommitInfo, RepoError> {
+        if let Some(info) = infos.get(&id) {
+            return Ok(info.clone());
+        }
+        let info = repo.commit_info(id)?;
+        infos.insert(id, info.clone());
+        Ok(info)
+    };
     for (full_ref, commit, parsed_ref) in &parsed {
         let short = short_ref(full_ref);
         let candidates: Vec<(String, String, i64, Lifecycle)> = match parsed_ref {
@@ -74,13 +87,11 @@ pub fn discover(
                 vec![(package.clone(), workspace.clone(), 0, Lifecycle::Proposed)]
             }
             RevisionRef::Tag { package, revision } if *revision > 0 => {
-                if repo
-                    .file(**commit, &format!("{}/Kptfile", layout.full_path(package)))?
-                    .is_none()
-                {
+                let kptfile = format!("{}/Kptfile", layout.full_path(package));
+                if lookup.entry(**commit, &kptfile)?.is_none() {
                     continue;
                 }
-                let info = repo.commit_info(**commit)?;
+                let info = commit_info(&mut infos, **commit)?;
                 let (annotations, _) = parse_annotations(&info.message);
                 let workspace = annotations
                     .iter()
@@ -118,21 +129,20 @@ pub fn discover(
             if RevisionName::parse(&name).is_err() {
                 continue;
             }
-            let info = repo.commit_info(**commit)?;
-            let kptfile = repo
-                .file(**commit, &format!("{}/Kptfile", layout.full_path(&package)))?
-                .and_then(|bytes| String::from_utf8(bytes).ok())
-                .and_then(|text| Kptfile::from_yaml(&text).ok());
-            let upstream_lock = kptfile.and_then(|k| k.upstream_lock).and_then(|lock| {
-                lock.git.map(|git| Locator {
-                    type_: if lock.type_.is_empty() {
-                        "git".to_owned()
-                    } else {
-                        lock.type_
-                    },
-                    git: Some(git),
-                })
-            });
+            let info = commit_info(&mut infos, **commit)?;
+            let kptfile =
+                lookup.entry(**commit, &format!("{}/Kptfile", layout.full_path(&package)))?;
+            let upstream_lock = match kptfile {
+                Some((_, blob)) => match locks.get(&blob) {
+                    Some(lock) => lock.clone(),
+                    None => {
+                        let lock = upstream_lock_of(&lookup.blob(blob)?);
+                        locks.insert(blob, lock.clone());
+                        lock
+                    }
+                },
+                None => None,
+            };
             found.insert(
                 name.clone(),
                 DiscoveredRevision {
@@ -159,6 +169,20 @@ pub fn discover(
         }
     }
     Ok(found.into_values().collect())
+}
+
+/// The git upstream lock of a Kptfile, if it has one.
+fn upstream_lock_of(bytes: &[u8]) -> Option<Locator> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let lock = Kptfile::from_yaml(text).ok()?.upstream_lock?;
+    lock.git.map(|git| Locator {
+        type_: if lock.type_.is_empty() {
+            "git".to_owned()
+        } else {
+            lock.type_
+        },
+        git: Some(git),
+    })
 }
 
 fn short_ref(full: &str) -> &str {

@@ -174,11 +174,44 @@ impl<R: Remote> Mirror<R> {
         T: Send + 'static,
         F: Fn(&GitRepo) -> Result<T, OperationError> + Send + Sync + 'static,
     {
+        self.run(op, true).await
+    }
+
+    /// Like [`Mirror::apply`], but the first attempt trusts the mirror (a
+    /// warm one, or one just loaded from the snapshot) and pushes without
+    /// fetching; a stale mirror shows as a lost race, which fetches and
+    /// redoes. For operations whose every read is guarded by the
+    /// compare-and-swap of a ref they write: publish (the branch and the new
+    /// tag), propose and reject (both branches), deletions (every ref
+    /// removed), draft updates (the draft branch). Create-draft also checks
+    /// the proposed branch, which it does not write; that check is a second
+    /// line only, since the workspace is part of the PackageRevision's name
+    /// and the API server keeps names unique.
+    ///
+    /// # Errors
+    /// As [`Mirror::apply`].
+    pub async fn apply_optimistic<T, F>(&self, op: F) -> Result<Applied<T>, MirrorError>
+    where
+        T: Send + 'static,
+        F: Fn(&GitRepo) -> Result<T, OperationError> + Send + Sync + 'static,
+    {
+        self.run(op, false).await
+    }
+
+    async fn run<T, F>(&self, op: F, fetch_first: bool) -> Result<Applied<T>, MirrorError>
+    where
+        T: Send + 'static,
+        F: Fn(&GitRepo) -> Result<T, OperationError> + Send + Sync + 'static,
+    {
         let op = Arc::new(op);
         let (mut transient, mut conflicts, mut attempts) = (0u32, 0u32, 0u32);
         loop {
             attempts += 1;
-            self.fetch().await?;
+            // after any failed attempt the mirror may hold refs the remote
+            // does not: always start again from the remote's state
+            if fetch_first || attempts > 1 {
+                self.fetch().await?;
+            }
             let (path, op) = (self.path.clone(), Arc::clone(&op));
             let local = tokio::task::spawn_blocking(move || {
                 let repo = GitRepo::open(&path)?;

@@ -11,6 +11,8 @@ use crate::layout::{RepoLayout, RevisionRef};
 use crate::repo::{Files, GitRepo, RefUpdate, RepoError};
 use gix::ObjectId;
 use porch_api::v1alpha1::Task;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// How far back the branch history is searched for earlier approvals.
 const APPROVAL_HISTORY_LIMIT: usize = 100_000;
@@ -50,7 +52,7 @@ pub enum OperationError {
 
 impl Packages<'_> {
     fn head(&self, name: &str) -> Result<Option<ObjectId>, RepoError> {
-        Ok(self.repo.refs()?.get(name).copied())
+        self.repo.ref_id(name)
     }
 
     fn annotated_for(&self, commit: ObjectId, actor: &Actor) -> Result<bool, RepoError> {
@@ -240,30 +242,30 @@ impl Packages<'_> {
     /// # Errors
     /// Unreadable refs or commits.
     pub fn highest_revision(&self, package: &str) -> Result<i64, OperationError> {
-        let refs = self.repo.refs()?;
-        let mut highest = refs
-            .keys()
-            .filter_map(|name| match self.layout.parse_ref(name) {
+        let full = self.layout.full_path(package);
+        let mut highest = self.package_tags(package)?.into_keys().max().unwrap_or(0);
+        if let Some(head) = self.head(&self.layout.branch_ref())? {
+            let approvals = ApprovalIndex::updated(self.repo, &self.layout.branch_ref(), head)?;
+            highest = highest.max(approvals.highest.get(&full).copied().unwrap_or(0));
+        }
+        Ok(highest.max(0))
+    }
+
+    /// The published revisions of `package` from its tags: revision → commit.
+    fn package_tags(&self, package: &str) -> Result<BTreeMap<i64, ObjectId>, OperationError> {
+        let prefix = format!("refs/tags/{}/", self.layout.full_path(package));
+        Ok(self
+            .repo
+            .refs_with_prefix(&prefix)?
+            .into_iter()
+            .filter_map(|(name, id)| match self.layout.parse_ref(&name) {
                 Some(RevisionRef::Tag {
                     package: p,
                     revision,
-                }) if p == package => Some(revision),
+                }) if p == package && revision > 0 => Some((revision, id)),
                 _ => None,
             })
-            .max()
-            .unwrap_or(0);
-        if let Some(head) = refs.get(&self.layout.branch_ref()) {
-            let full = self.layout.full_path(package);
-            for commit in self.repo.first_parents(*head, APPROVAL_HISTORY_LIMIT)? {
-                let (found, _) = parse_annotations(&self.repo.commit_info(commit)?.message);
-                for a in found.iter().filter(|a| a.package_path == full) {
-                    if let Ok(n) = a.revision.parse::<i64>() {
-                        highest = highest.max(n);
-                    }
-                }
-            }
-        }
-        Ok(highest.max(0))
+            .collect())
     }
 
     /// Publishes a proposed revision: a merge commit on the branch (parents:
@@ -332,15 +334,8 @@ impl Packages<'_> {
 
     /// The revision an earlier `publish` by this actor produced, if any.
     fn published_by(&self, package: &str, actor: &Actor) -> Result<Option<u64>, OperationError> {
-        for (name, commit) in self.repo.refs()? {
-            if let Some(RevisionRef::Tag {
-                package: p,
-                revision,
-            }) = self.layout.parse_ref(&name)
-                && p == package
-                && revision > 0
-                && self.annotated_for(commit, actor)?
-            {
+        for (revision, commit) in self.package_tags(package)?.into_iter().rev() {
+            if self.annotated_for(commit, actor)? {
                 return Ok(u64::try_from(revision).ok());
             }
         }
@@ -390,12 +385,11 @@ impl Packages<'_> {
             names.push(self.layout.tag_ref(package, revision)?);
             names.push(self.layout.deletion_proposed_ref(package, revision)?);
         }
-        let refs = self.repo.refs()?;
         for name in names {
-            if let Some(id) = refs.get(&name) {
+            if let Some(id) = self.head(&name)? {
                 updates.push(RefUpdate {
                     name,
-                    expected: Some(*id),
+                    expected: Some(id),
                     new: None,
                 });
             }
@@ -415,9 +409,8 @@ impl Packages<'_> {
         let branch_ref = self.layout.branch_ref();
         let marker = self.layout.placeholder_deletion_proposed_ref(package)?;
         let full = self.layout.full_path(package);
-        let refs = self.repo.refs()?;
         let mut updates = Vec::new();
-        if let Some(head) = refs.get(&branch_ref).copied()
+        if let Some(head) = self.head(&branch_ref)?
             && self.repo.file(head, &format!("{full}/Kptfile"))?.is_some()
         {
             let tree = self
@@ -437,10 +430,10 @@ impl Packages<'_> {
                 new: Some(commit),
             });
         }
-        if let Some(id) = refs.get(&marker) {
+        if let Some(id) = self.head(&marker)? {
             updates.push(RefUpdate {
                 name: marker,
-                expected: Some(*id),
+                expected: Some(id),
                 new: None,
             });
         }
@@ -448,5 +441,78 @@ impl Packages<'_> {
             self.repo.update_refs(&updates)?;
         }
         Ok(())
+    }
+}
+
+/// The highest approved revision of every package in a branch's
+/// first-parent history, cached in the git directory next to the branch
+/// head it was computed at, so each publish reads only the commits added
+/// since the last one instead of the whole history.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ApprovalIndex {
+    branch: String,
+    head: String,
+    /// Full package path → highest revision approved on the branch.
+    highest: BTreeMap<String, i64>,
+}
+
+impl ApprovalIndex {
+    const FILE: &'static str = "porch-approvals.json";
+
+    fn path(repo: &GitRepo, branch: &str) -> std::path::PathBuf {
+        // one file per branch; the name is a hash so any branch name is safe
+        let digest = gix::objs::compute_hash(
+            gix::hash::Kind::Sha1,
+            gix::objs::Kind::Blob,
+            branch.as_bytes(),
+        )
+        .map(|id| id.to_string())
+        .unwrap_or_default();
+        repo.git_dir().join(format!("{}.{digest}", Self::FILE))
+    }
+
+    /// The index at `head`: the cached one plus the commits since its head
+    /// (all of the history when there is none or it is not an ancestor;
+    /// cached values are kept either way, so a revision is never reused).
+    fn updated(repo: &GitRepo, branch: &str, head: ObjectId) -> Result<Self, RepoError> {
+        let path = Self::path(repo, branch);
+        let mut index: Self = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .filter(|i: &Self| i.branch == branch)
+            .unwrap_or_default();
+        let head_hex = head.to_string();
+        if index.head == head_hex {
+            return Ok(index);
+        }
+        let stop = ObjectId::from_hex(index.head.as_bytes()).ok();
+        for commit in repo.first_parents(head, APPROVAL_HISTORY_LIMIT)? {
+            if Some(commit) == stop {
+                break;
+            }
+            let (found, _) = parse_annotations(&repo.commit_info(commit)?.message);
+            for annotation in found {
+                if let Ok(n) = annotation.revision.parse::<i64>() {
+                    let entry = index.highest.entry(annotation.package_path).or_insert(0);
+                    *entry = (*entry).max(n);
+                }
+            }
+        }
+        index.branch = branch.to_owned();
+        index.head = head_hex;
+        // best effort: a failed write only costs the next caller a walk
+        if let Ok(bytes) = serde_json::to_vec(&index) {
+            static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = std::path::PathBuf::from(format!(
+                "{}.tmp-{}-{n}",
+                path.display(),
+                std::process::id()
+            ));
+            if std::fs::write(&tmp, bytes).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+        }
+        Ok(index)
     }
 }

@@ -55,17 +55,19 @@ impl GitRepo {
         tips: &[ObjectId],
         known: &[ObjectId],
     ) -> Result<Vec<ObjectId>, RepoError> {
-        let tips: Vec<ObjectId> = tips
+        let known_set: HashSet<ObjectId> = known.iter().copied().collect();
+        let mut tips: Vec<ObjectId> = tips
             .iter()
             .copied()
-            .filter(|t| !known.contains(t))
+            .filter(|t| !known_set.contains(t))
             .collect();
+        tips.sort();
+        tips.dedup();
         if tips.is_empty() {
             return Ok(Vec::new());
         }
-        let known: Vec<ObjectId> = known
-            .iter()
-            .copied()
+        let known: Vec<ObjectId> = known_set
+            .into_iter()
             .filter(|id| self.repo.has_object(*id))
             .collect();
         let walk = self

@@ -180,6 +180,72 @@ impl GitRepo {
         Ok(editor.write().map_err(git("write a tree"))?.detach())
     }
 
+    /// `base` with several directories replaced or removed in one pass
+    /// (`None` removes); `base = None` starts from an empty tree.
+    ///
+    /// # Errors
+    /// An unsafe path or a failed object write.
+    pub fn replace_subtrees(
+        &self,
+        base: Option<ObjectId>,
+        subtrees: &[(String, Option<ObjectId>)],
+    ) -> Result<ObjectId, RepoError> {
+        let base = base.unwrap_or_else(|| ObjectId::empty_tree(self.repo.object_hash()));
+        let mut editor = self.repo.edit_tree(base).map_err(git("start a tree"))?;
+        for (path, subtree) in subtrees {
+            validate_file_path(path)?;
+            editor
+                .remove(path.as_str())
+                .map_err(git("remove a directory from a tree"))?;
+            if let Some(subtree) = subtree {
+                editor
+                    .upsert(path.as_str(), EntryKind::Tree, *subtree)
+                    .map_err(git("add a directory to a tree"))?;
+            }
+        }
+        Ok(editor.write().map_err(git("write a tree"))?.detach())
+    }
+
+    /// The git directory.
+    pub fn git_dir(&self) -> &Path {
+        self.repo.path()
+    }
+
+    /// One ref, peeled to the object it points at; `None` if absent.
+    ///
+    /// # Errors
+    /// An unreadable ref.
+    pub fn ref_id(&self, name: &str) -> Result<Option<ObjectId>, RepoError> {
+        match self
+            .repo
+            .try_find_reference(name)
+            .map_err(git("read a ref"))?
+        {
+            Some(mut reference) => Ok(Some(
+                reference.peel_to_id().map_err(git("peel a ref"))?.detach(),
+            )),
+            None => Ok(None),
+        }
+    }
+
+    /// The refs whose names start with `prefix` (e.g. `refs/tags/a/`),
+    /// peeled, without reading the others.
+    ///
+    /// # Errors
+    /// Unreadable refs.
+    pub fn refs_with_prefix(&self, prefix: &str) -> Result<BTreeMap<String, ObjectId>, RepoError> {
+        let platform = self.repo.references().map_err(git("list refs"))?;
+        let mut out = BTreeMap::new();
+        let prefix_ref: &gix::bstr::BStr = prefix.as_bytes().as_bstr();
+        for reference in platform.prefixed(prefix_ref).map_err(git("list refs"))? {
+            let mut reference = reference.map_err(git("read a ref"))?;
+            let name = reference.name().as_bstr().to_str_lossy().into_owned();
+            let id = reference.peel_to_id().map_err(git("peel a ref"))?;
+            out.insert(name, id.detach());
+        }
+        Ok(out)
+    }
+
     /// Writes a commit object (no ref moves).
     ///
     /// # Errors
@@ -409,6 +475,15 @@ impl GitRepo {
                 deref: false,
             });
         }
+        let current = || -> Result<BTreeMap<String, ObjectId>, RepoError> {
+            let mut refs = BTreeMap::new();
+            for update in updates {
+                if let Some(id) = self.ref_id(&update.name)? {
+                    refs.insert(update.name.clone(), id);
+                }
+            }
+            Ok(refs)
+        };
         let conflict = |refs: &BTreeMap<String, ObjectId>| {
             updates.iter().find_map(|u| {
                 let actual = refs.get(&u.name).copied();
@@ -421,12 +496,12 @@ impl GitRepo {
                 })
             })
         };
-        if let Some(err) = conflict(&self.refs()?) {
+        if let Some(err) = conflict(&current()?) {
             return Err(err);
         }
         self.repo.edit_references(edits).map_err(|e| {
             // lost a race after the check: say which ref moved
-            match self.refs().ok().as_ref().and_then(conflict) {
+            match current().ok().as_ref().and_then(conflict) {
                 Some(err) => err,
                 None => RepoError::Git {
                     step: "update refs",
@@ -474,11 +549,39 @@ impl GitRepo {
                 });
             }
         }
-        if !edits.is_empty() {
-            self.repo
-                .edit_references(edits)
-                .map_err(git("mirror the remote's refs"))?;
+        if edits.is_empty() {
+            return Ok(());
         }
+        // straight into packed-refs: a mirror of a large remote would
+        // otherwise hold one file per ref, and every listing would read them all
+        let committer = gix::actor::Signature {
+            name: crate::identity::committer().name.as_str().into(),
+            email: crate::identity::committer().email.as_str().into(),
+            time: gix::date::Time::now_utc(),
+        };
+        let mut time = gix::date::parse::TimeBuf::default();
+        self.repo
+            .refs
+            .transaction()
+            .packed_refs(
+                gix::refs::file::transaction::PackedRefs::DeletionsAndNonSymbolicUpdatesRemoveLooseSourceReference(
+                    Box::new(&self.repo.objects),
+                ),
+            )
+            .prepare(
+                edits,
+                gix::lock::acquire::Fail::AfterDurationWithBackoff(std::time::Duration::from_secs(5)),
+                gix::lock::acquire::Fail::AfterDurationWithBackoff(std::time::Duration::from_secs(5)),
+            )
+            .map_err(|e| RepoError::Git {
+                step: "mirror the remote's refs",
+                source: e.into(),
+            })?
+            .commit(Some(committer.to_ref(&mut time)))
+            .map_err(|e| RepoError::Git {
+                step: "mirror the remote's refs",
+                source: e.into(),
+            })?;
         Ok(())
     }
 
@@ -531,4 +634,86 @@ pub struct RefUpdate {
     pub name: String,
     pub expected: Option<ObjectId>,
     pub new: Option<ObjectId>,
+}
+
+/// Path lookups in many commits that share trees: every tree is decoded
+/// once into a map, so a thousand tags of one root cost one decode.
+pub(crate) struct PathLookup<'r> {
+    repo: &'r GitRepo,
+    trees: std::collections::HashMap<
+        ObjectId,
+        std::collections::HashMap<Vec<u8>, (EntryKind, ObjectId)>,
+    >,
+    roots: std::collections::HashMap<ObjectId, ObjectId>,
+}
+
+impl<'r> PathLookup<'r> {
+    pub(crate) fn new(repo: &'r GitRepo) -> Self {
+        Self {
+            repo,
+            trees: std::collections::HashMap::new(),
+            roots: std::collections::HashMap::new(),
+        }
+    }
+
+    fn entries(
+        &mut self,
+        tree: ObjectId,
+    ) -> Result<&std::collections::HashMap<Vec<u8>, (EntryKind, ObjectId)>, RepoError> {
+        if !self.trees.contains_key(&tree) {
+            let object = self.repo.repo.find_tree(tree).map_err(git("read a tree"))?;
+            let decoded = object.decode().map_err(git("decode a tree"))?;
+            let map = decoded
+                .entries
+                .iter()
+                .map(|e| (e.filename.to_vec(), (e.mode.kind(), e.oid.to_owned())))
+                .collect();
+            self.trees.insert(tree, map);
+        }
+        self.trees.get(&tree).ok_or_else(|| RepoError::Git {
+            step: "read a tree",
+            source: "tree cache lost an entry".into(),
+        })
+    }
+
+    /// The id and kind of the entry at `path` in `commit`'s tree.
+    pub(crate) fn entry(
+        &mut self,
+        commit: ObjectId,
+        path: &str,
+    ) -> Result<Option<(EntryKind, ObjectId)>, RepoError> {
+        let mut tree = match self.roots.get(&commit) {
+            Some(tree) => *tree,
+            None => {
+                let tree = self.repo.tree_of(commit)?;
+                self.roots.insert(commit, tree);
+                tree
+            }
+        };
+        let mut segments = path.split('/').peekable();
+        while let Some(segment) = segments.next() {
+            let Some((kind, id)) = self.entries(tree)?.get(segment.as_bytes()).copied() else {
+                return Ok(None);
+            };
+            if segments.peek().is_none() {
+                return Ok(Some((kind, id)));
+            }
+            if kind != EntryKind::Tree {
+                return Ok(None);
+            }
+            tree = id;
+        }
+        Ok(None)
+    }
+
+    /// A blob's content.
+    pub(crate) fn blob(&self, id: ObjectId) -> Result<Vec<u8>, RepoError> {
+        Ok(self
+            .repo
+            .repo
+            .find_blob(id)
+            .map_err(git("read a blob"))?
+            .data
+            .clone())
+    }
 }
