@@ -520,68 +520,82 @@ impl GitRepo {
     /// # Errors
     /// A bad ref name, or a failed ref write.
     pub fn mirror_refs(&self, refs: &BTreeMap<String, ObjectId>) -> Result<(), RepoError> {
-        let current = self.try_refs_unpeeled()?;
-        let mut edits = Vec::new();
-        for (name, id) in refs {
-            if current.get(name) == Some(id) {
-                continue;
-            }
-            edits.push(RefEdit {
-                change: Change::Update {
-                    log: LogChange::default(),
-                    expected: PreviousValue::Any,
-                    new: Target::Object(*id),
-                },
-                name: name.as_str().try_into().map_err(git("parse a ref name"))?,
-                deref: false,
-            });
+        let mirrored =
+            |name: &str| name.starts_with("refs/heads/") || name.starts_with("refs/tags/");
+        let current: BTreeMap<String, ObjectId> = self
+            .try_refs_unpeeled()?
+            .into_iter()
+            .filter(|(n, _)| mirrored(n))
+            .collect();
+        if &current == refs {
+            return Ok(());
         }
-        for name in current.keys() {
-            let mirrored = name.starts_with("refs/heads/") || name.starts_with("refs/tags/");
-            if mirrored && !refs.contains_key(name) {
-                edits.push(RefEdit {
-                    change: Change::Delete {
-                        expected: PreviousValue::Any,
-                        log: RefLog::AndReference,
-                    },
-                    name: name.as_str().try_into().map_err(git("parse a ref name"))?,
-                    deref: false,
+        for name in refs.keys() {
+            FullName::try_from(name.as_str()).map_err(git("parse a ref name"))?;
+            if !mirrored(name) {
+                return Err(RepoError::Git {
+                    step: "mirror the remote's refs",
+                    source: format!("{name} is not a branch or tag").into(),
                 });
             }
         }
-        if edits.is_empty() {
-            return Ok(());
+        // One packed-refs file written whole, then the loose branch and tag
+        // files removed: a mirror of a large remote would otherwise create
+        // (and later read) one file per ref.
+        let dir = self.repo.path();
+        let packed = dir.join("packed-refs");
+        let mut lines = String::from("# pack-refs with: sorted \n");
+        let mut entries: BTreeMap<String, String> = BTreeMap::new();
+        if let Ok(existing) = std::fs::read_to_string(&packed) {
+            // refs outside heads and tags stay, with their peeled lines
+            let mut kept: Option<String> = None;
+            for line in existing.lines() {
+                if line.starts_with('#') {
+                    continue;
+                }
+                if let Some(peeled) = line.strip_prefix('^') {
+                    if let Some(entry) = kept.as_ref().and_then(|n| entries.get_mut(n)) {
+                        entry.push_str(&format!("\n^{peeled}"));
+                    }
+                    continue;
+                }
+                kept = None;
+                if let Some((id, name)) = line.split_once(' ')
+                    && !mirrored(name)
+                {
+                    entries.insert(name.to_owned(), id.to_owned());
+                    kept = Some(name.to_owned());
+                }
+            }
         }
-        // straight into packed-refs: a mirror of a large remote would
-        // otherwise hold one file per ref, and every listing would read them all
-        let committer = gix::actor::Signature {
-            name: crate::identity::committer().name.as_str().into(),
-            email: crate::identity::committer().email.as_str().into(),
-            time: gix::date::Time::now_utc(),
-        };
-        let mut time = gix::date::parse::TimeBuf::default();
-        self.repo
-            .refs
-            .transaction()
-            .packed_refs(
-                gix::refs::file::transaction::PackedRefs::DeletionsAndNonSymbolicUpdatesRemoveLooseSourceReference(
-                    Box::new(&self.repo.objects),
-                ),
-            )
-            .prepare(
-                edits,
-                gix::lock::acquire::Fail::AfterDurationWithBackoff(std::time::Duration::from_secs(5)),
-                gix::lock::acquire::Fail::AfterDurationWithBackoff(std::time::Duration::from_secs(5)),
-            )
-            .map_err(|e| RepoError::Git {
-                step: "mirror the remote's refs",
-                source: e.into(),
-            })?
-            .commit(Some(committer.to_ref(&mut time)))
-            .map_err(|e| RepoError::Git {
-                step: "mirror the remote's refs",
-                source: e.into(),
-            })?;
+        for (name, id) in refs {
+            entries.insert(name.clone(), id.to_string());
+        }
+        for (name, id) in &entries {
+            lines.push_str(id);
+            lines.push(' ');
+            lines.push_str(name);
+            lines.push('\n');
+        }
+        let tmp = dir.join(format!("packed-refs.tmp-{}", std::process::id()));
+        std::fs::write(&tmp, lines).map_err(git("write packed-refs"))?;
+        std::fs::rename(&tmp, &packed).map_err(git("write packed-refs"))?;
+        for top in ["refs/heads", "refs/tags"] {
+            let mut stack = vec![dir.join(top)];
+            while let Some(path) = stack.pop() {
+                let Ok(read) = std::fs::read_dir(&path) else {
+                    continue;
+                };
+                for entry in read.flatten() {
+                    let path = entry.path();
+                    if path.is_dir() {
+                        stack.push(path);
+                    } else if path.extension().is_none_or(|e| e != "lock") {
+                        std::fs::remove_file(&path).map_err(git("remove a loose ref"))?;
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
