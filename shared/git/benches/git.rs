@@ -196,15 +196,17 @@ fn serve(root: &Path) -> (Server, u16) {
         .unwrap()
         .port();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/git_http_server.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .arg(root)
-        .arg(port.to_string())
-        .spawn()
-        .unwrap();
+    let server = Server(
+        Command::new("python3")
+            .arg(script)
+            .arg(root)
+            .arg(port.to_string())
+            .spawn()
+            .unwrap(),
+    );
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (Server(child), port);
+            return (server, port);
         }
         std::thread::sleep(Duration::from_millis(25));
     }
