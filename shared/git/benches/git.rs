@@ -246,6 +246,8 @@ struct Row {
     publish: f64,
     publish_bytes: f64,
     publish_cli: f64,
+    /// Snapshot load, fetch-free publish and push, snapshot save.
+    publish_phases: [f64; 3],
     cold_publish: f64,
     cold_publish_bytes: f64,
 }
@@ -349,12 +351,15 @@ async fn measure(n: usize, runs: usize) -> Row {
     }
     snapshots.save(&url).await.unwrap();
     let (mut lat, mut bytes) = (Vec::new(), Vec::new());
+    let (mut loads, mut applies, mut saves) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..runs {
         read.store(0, Ordering::Relaxed);
         let started = Instant::now();
         snapshots.load().await.unwrap();
+        loads.push(ms(started.elapsed()));
         let package = format!("pkg-{:05}", r % n);
         let ws = format!("pub-{r}");
+        let applied = Instant::now();
         let done = mirror
             .apply_optimistic(move |repo| {
                 Packages {
@@ -365,13 +370,17 @@ async fn measure(n: usize, runs: usize) -> Row {
             })
             .await
             .unwrap();
+        applies.push(ms(applied.elapsed()));
+        let saved = Instant::now();
         snapshots.save(&url).await.unwrap();
+        saves.push(ms(saved.elapsed()));
         lat.push(ms(started.elapsed()));
         bytes.push(read.load(Ordering::Relaxed) as f64);
         assert_eq!(done.updates.len(), 3);
     }
     row.publish = median(&mut lat);
     row.publish_bytes = median(&mut bytes);
+    row.publish_phases = [median(&mut loads), median(&mut applies), median(&mut saves)];
 
     // a cold handler: an empty mirror directory loads the snapshot, publishes, saves
     {

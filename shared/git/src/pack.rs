@@ -66,29 +66,80 @@ impl GitRepo {
         if tips.is_empty() {
             return Ok(Vec::new());
         }
-        let known: Vec<ObjectId> = known_set
-            .into_iter()
-            .filter(|id| self.repo.has_object(*id))
-            .collect();
-        let walk = self
-            .repo
-            .rev_walk(tips)
-            .with_hidden(known)
-            .all()
-            .map_err(|e| RepoError::Git {
-                step: "walk the commits to send",
-                source: Box::new(e),
-            })?;
-        let mut commits = Vec::new();
-        for info in walk {
-            let info = info.map_err(|e| RepoError::Git {
-                step: "walk the commits to send",
-                source: Box::new(e),
-            })?;
-            commits.push(info.id);
+        // annotated tags are sent themselves, their commits walked
+        let mut tag_objects = Vec::new();
+        let mut tree_tips = Vec::new();
+        let mut commit_tips = Vec::new();
+        for tip in tips {
+            let mut id = tip;
+            loop {
+                let object = self.repo.find_object(id).map_err(|e| RepoError::Git {
+                    step: "read an object to send",
+                    source: Box::new(e),
+                })?;
+                match object.kind {
+                    gix::objs::Kind::Tag => {
+                        tag_objects.push(id);
+                        id = object
+                            .into_tag()
+                            .target_id()
+                            .map_err(|e| RepoError::Git {
+                                step: "read a tag to send",
+                                source: Box::new(e),
+                            })?
+                            .detach();
+                        if known_set.contains(&id) {
+                            break;
+                        }
+                    }
+                    gix::objs::Kind::Commit => {
+                        commit_tips.push(id);
+                        break;
+                    }
+                    gix::objs::Kind::Tree => {
+                        tree_tips.push(id);
+                        break;
+                    }
+                    gix::objs::Kind::Blob => {
+                        tag_objects.push(id);
+                        break;
+                    }
+                }
+            }
         }
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
+        let tips = commit_tips;
+        let commits = match self.commits_until_known(&tips, &known_set)? {
+            Some(commits) => commits,
+            None => {
+                let known: Vec<ObjectId> = known_set
+                    .into_iter()
+                    .filter(|id| self.repo.has_object(*id))
+                    .collect();
+                let walk = self
+                    .repo
+                    .rev_walk(tips)
+                    .with_hidden(known)
+                    .all()
+                    .map_err(|e| RepoError::Git {
+                        step: "walk the commits to send",
+                        source: Box::new(e),
+                    })?;
+                let mut commits = Vec::new();
+                for info in walk {
+                    let info = info.map_err(|e| RepoError::Git {
+                        step: "walk the commits to send",
+                        source: Box::new(e),
+                    })?;
+                    commits.push(info.id);
+                }
+                commits
+            }
+        };
+        let mut seen: HashSet<ObjectId> = tag_objects.iter().copied().collect();
+        let mut out = tag_objects;
+        for tree in tree_tips {
+            self.new_tree_objects(tree, &[], &mut seen, &mut out)?;
+        }
         for commit in commits {
             let (tree, parents) = self.commit_tree_and_parents(commit)?;
             out.push(commit);
@@ -99,6 +150,35 @@ impl GitRepo {
             self.new_tree_objects(tree, &parent_trees, &mut seen, &mut out)?;
         }
         Ok(out)
+    }
+
+    /// The commits from `tips` back to the first known ones, when that
+    /// takes few steps (the usual case: new commits on top of known
+    /// heads); `None` when the walk grows large, and the exact walk with
+    /// every known tip hidden is used instead. A commit reachable from a
+    /// known one without being known itself may be included: that only
+    /// sends objects twice.
+    fn commits_until_known(
+        &self,
+        tips: &[ObjectId],
+        known: &HashSet<ObjectId>,
+    ) -> Result<Option<Vec<ObjectId>>, RepoError> {
+        const BUDGET: usize = 1024;
+        let mut queue: std::collections::VecDeque<ObjectId> = tips.iter().copied().collect();
+        let mut seen: HashSet<ObjectId> = tips.iter().copied().collect();
+        let mut out = Vec::new();
+        while let Some(commit) = queue.pop_front() {
+            if out.len() >= BUDGET {
+                return Ok(None);
+            }
+            out.push(commit);
+            for parent in self.commit_tree_and_parents(commit)?.1 {
+                if !known.contains(&parent) && seen.insert(parent) {
+                    queue.push_back(parent);
+                }
+            }
+        }
+        Ok(Some(out))
     }
 
     fn commit_tree_and_parents(

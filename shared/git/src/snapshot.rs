@@ -164,9 +164,31 @@ impl Manifest {
 struct LocalState {
     etag: String,
     manifest: Manifest,
-    /// The refs the mirror had when it was last in step with the snapshot:
-    /// changes since then are this process's to save.
-    synced_refs: BTreeMap<String, String>,
+    /// The refs the mirror had when it was last in step with the snapshot
+    /// (changes since then are this process's to save); absent when they
+    /// are the manifest's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    synced_refs: Option<BTreeMap<String, String>>,
+}
+
+impl LocalState {
+    fn new(etag: &ETag, manifest: &Manifest, synced: &BTreeMap<String, ObjectId>) -> Self {
+        let synced = hex_map(synced);
+        Self {
+            etag: etag.0.clone(),
+            synced_refs: (synced != manifest.refs).then_some(synced),
+            manifest: manifest.clone(),
+        }
+    }
+
+    fn synced(&self) -> BTreeMap<String, ObjectId> {
+        self.synced_refs
+            .as_ref()
+            .unwrap_or(&self.manifest.refs)
+            .iter()
+            .filter_map(|(n, id)| Some((n.clone(), hex_id(id)?)))
+            .collect()
+    }
 }
 
 /// What a load did.
@@ -364,6 +386,27 @@ impl<S: ObjectStore> Snapshots<S> {
                 (manifest, object.etag, read)
             }
         };
+        if bytes_read == 0 {
+            // nothing changed in the store: if the mirror still has the
+            // manifest's refs, it is ready as it is
+            let mirror = self.mirror.clone();
+            let refs = manifest.ref_ids();
+            let same = tokio::task::spawn_blocking(move || {
+                GitRepo::open(&mirror)?
+                    .try_refs_unpeeled()
+                    .map(|r| mirrored(r) == refs)
+            })
+            .await
+            .map_err(|e| SnapshotError::Task(e.to_string()))??;
+            if same {
+                return Ok(LoadOutcome::Loaded(Loaded {
+                    manifest,
+                    etag,
+                    bytes_read,
+                    packs_downloaded: 0,
+                }));
+            }
+        }
         let mut packs_downloaded = 0;
         for pack in &manifest.packs {
             if !self.local_pack(pack, "idx").exists() {
@@ -387,11 +430,7 @@ impl<S: ObjectStore> Snapshots<S> {
         if let Some(name) = complete {
             return Err(self.corrupt(format!("no pack holds the commit of {name}")));
         }
-        self.write_state(&LocalState {
-            etag: etag.0.clone(),
-            manifest: manifest.clone(),
-            synced_refs: hex_map(&refs),
-        })?;
+        self.write_state(&LocalState::new(&etag, &manifest, &refs))?;
         Ok(LoadOutcome::Loaded(Loaded {
             manifest,
             etag,
@@ -467,15 +506,8 @@ impl<S: ObjectStore> Snapshots<S> {
         })
         .await
         .map_err(|e| SnapshotError::Task(e.to_string()))??;
-        let synced: BTreeMap<String, ObjectId> = state
-            .as_ref()
-            .map(|s| {
-                s.synced_refs
-                    .iter()
-                    .filter_map(|(n, id)| Some((n.clone(), hex_id(id)?)))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let synced: BTreeMap<String, ObjectId> =
+            state.as_ref().map(LocalState::synced).unwrap_or_default();
         let base = state
             .as_ref()
             .map(|s| s.manifest.ref_ids())
@@ -568,8 +600,7 @@ impl<S: ObjectStore> Snapshots<S> {
                 .map(|r| r.pack.clone())
                 .collect();
             manifest.retired.retain(|r| !expired.contains(&r.pack));
-            let body =
-                serde_json::to_vec_pretty(&manifest).map_err(|e| self.corrupt(e.to_string()))?;
+            let body = serde_json::to_vec(&manifest).map_err(|e| self.corrupt(e.to_string()))?;
             let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
             match self.store.put(&self.manifest_key(), body, condition).await {
                 Ok(etag) => {
@@ -621,11 +652,7 @@ impl<S: ObjectStore> Snapshots<S> {
         etag: &ETag,
         ours: &BTreeMap<String, ObjectId>,
     ) -> Result<(), SnapshotError> {
-        self.write_state(&LocalState {
-            etag: etag.0.clone(),
-            manifest: manifest.clone(),
-            synced_refs: hex_map(ours),
-        })
+        self.write_state(&LocalState::new(etag, manifest, ours))
     }
 
     /// One pack of everything the manifest's refs reach, if the mirror has
@@ -680,7 +707,7 @@ impl<S: ObjectStore> Snapshots<S> {
             self.write_state(&LocalState {
                 etag: object.etag.0,
                 manifest,
-                synced_refs: BTreeMap::new(),
+                synced_refs: Some(BTreeMap::new()),
             })?;
         }
         self.save_inner(remote.url(), true).await

@@ -1031,3 +1031,49 @@ async fn hostile_servers_get_clear_errors() {
         .expect_err("too large");
     assert!(matches!(err, RemoteError::TooLarge { .. }), "{err:?}");
 }
+
+/// Everything of one repository pushed into an empty one over HTTP,
+/// annotated tags included: the copy is identical and complete.
+#[tokio::test]
+async fn a_whole_repository_with_annotated_tags_is_pushed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let source = bare_upstream(root.path(), "source");
+    git_commit_files(&source, "main", &[("a/Kptfile", "kind: Kptfile\n")], "one");
+    git_commit_files(&source, "main", &[("a/x.yaml", "x: 2\n")], "two");
+    git_commit_files(
+        &source,
+        "feature",
+        &[("b/Kptfile", "kind: Kptfile\n")],
+        "feature",
+    );
+    let mut tag = crate::support::git_command();
+    tag.arg("--git-dir")
+        .arg(&source)
+        .args(["tag", "-a", "-m", "release", "release/v1", "main~1"]);
+    crate::support::run(tag);
+    let target = bare_upstream(root.path(), "target");
+    let server = http_server(root.path(), None);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mirror_dir = tmp.path().join("m");
+    GitRepo::init_bare(&mirror_dir).expect("init");
+    let refs = LocalRemote::new(&source)
+        .fetch(&mirror_dir)
+        .await
+        .expect("fetch");
+    let updates: Vec<RefUpdate> = refs
+        .iter()
+        .map(|(name, id)| RefUpdate {
+            name: name.clone(),
+            expected: None,
+            new: Some(*id),
+        })
+        .collect();
+    let remote = SmartRemote::new(
+        &format!("http://127.0.0.1:{}/target.git", server.port),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    remote.push(&mirror_dir, &updates).await.expect("push");
+    assert_eq!(show_refs(&target), show_refs(&source));
+    fsck(&target);
+}
