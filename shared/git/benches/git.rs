@@ -246,6 +246,9 @@ struct Row {
     publish: f64,
     publish_bytes: f64,
     publish_cli: f64,
+    /// The server's share of any push: the receive-pack advertisement GET
+    /// and a POST of no commands, back to back.
+    floor: f64,
     /// Snapshot load, fetch-free publish and push, snapshot save.
     publish_phases: [f64; 3],
     cold_publish: f64,
@@ -434,6 +437,32 @@ async fn measure(n: usize, runs: usize) -> Row {
         row.cold_publish_bytes = read.load(Ordering::Relaxed) as f64;
     }
 
+    // the server's floor for one push at this size
+    let client = reqwest::Client::new();
+    let mut lat = Vec::new();
+    for _ in 0..runs {
+        let started = Instant::now();
+        let adv = client
+            .get(format!("{url}/info/refs?service=git-receive-pack"))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert!(adv.len() > 100);
+        let answer = client
+            .post(format!("{url}/git-receive-pack"))
+            .header("content-type", "application/x-git-receive-pack-request")
+            .body("0000")
+            .send()
+            .await
+            .unwrap();
+        assert!(answer.status().is_success());
+        lat.push(ms(started.elapsed()));
+    }
+    row.floor = median(&mut lat);
+
     // the git CLI on a warm clone: the same commit and push
     let work = tmp.path().join("work");
     let out = Command::new("git")
@@ -581,12 +610,23 @@ fn main() {
             r.cold_rebuild
         );
     }
+    for r in &rows {
+        println!(
+            "at {} packages: server floor per push {:.1} ms; beyond it, publish {:.1} ms, git CLI {:.1} ms",
+            r.packages,
+            r.floor,
+            r.publish - r.floor,
+            r.publish_cli - r.floor
+        );
+    }
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
         println!(
-            "publish at {} packages / publish at {} packages: {:.2}",
+            "publish at {} packages / publish at {} packages: {:.2} (git CLI {:.2}; beyond the server floor {:.2})",
             last.packages,
             first.packages,
-            last.publish / first.publish
+            last.publish / first.publish,
+            last.publish_cli / first.publish_cli,
+            (last.publish - last.floor) / (first.publish - first.floor)
         );
     }
 }

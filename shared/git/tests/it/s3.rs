@@ -200,3 +200,52 @@ async fn unreachable_store_is_transient() {
     let err = store.get("m.json").await.expect_err("refused");
     assert!(err.is_transient(), "{err:?}");
 }
+
+/// A store slower than the operation timeout is a transient error.
+#[tokio::test]
+async fn slow_answers_time_out_as_transient() {
+    let mock = MockServer::start().await;
+    let options = porch_git::s3::S3Options {
+        endpoint: Some(mock.uri()),
+        region: Some("us-east-1".into()),
+        force_path_style: true,
+        max_attempts: 1,
+        operation_timeout: std::time::Duration::from_millis(300),
+        ..Default::default()
+    };
+    let builder = aws_sdk_s3::config::Builder::new()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(
+            "testing", "testing", None, None, "tests",
+        ));
+    let client = aws_sdk_s3::Client::from_conf(S3Store::config(builder, &options));
+    let store = S3Store::with_client(client, "b", "").expect("store");
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(200).set_delay(std::time::Duration::from_secs(3)))
+        .mount(&mock)
+        .await;
+    let started = std::time::Instant::now();
+    let err = store.get("m.json").await.expect_err("timeout");
+    assert!(err.is_transient(), "{err:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+}
+
+/// A failing store is reported as such: the snapshot is not declared
+/// corrupt and rebuilt over a store that cannot be written anyway.
+#[tokio::test]
+async fn a_failing_store_is_not_a_corrupt_snapshot() {
+    let (mock, store) = faulty(1).await;
+    Mock::given(method("GET"))
+        .respond_with(s3_error(503, "SlowDown", "slow down"))
+        .mount(&mock)
+        .await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let snapshots = porch_git::snapshot::Snapshots::new(store, "repos/ns/r", tmp.path().join("m"))
+        .expect("snapshots");
+    let remote = porch_git::remote::LocalRemote::new(tmp.path().join("nowhere"));
+    let err = snapshots.prepare(&remote).await.expect_err("store down");
+    assert!(
+        matches!(&err, porch_git::snapshot::SnapshotError::Store(e) if e.is_transient()),
+        "{err:?}"
+    );
+}
