@@ -573,6 +573,7 @@ fn main() {
     let runs: usize = arg(&args, "--runs")
         .and_then(|r| r.parse().ok())
         .unwrap_or(7);
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
