@@ -3,7 +3,7 @@
 //! and the `git` CLI doing the same commit and push on a warm clone of the
 //! same repository behind the same server; discovery time.
 //!
-//! `cargo bench -p porch-git --bench git -- [--sizes 10,1000,10000] [--runs 7]`
+//! `cargo bench -p porch-git --bench git -- [--sizes 10,1000,10000] [--runs 7] [--distinct-trees]`
 //!
 //! Repositories: N packages, 3 published revisions each (one approval commit
 //! per revision on `main`, tags `pkg-<i>/v1..v3`) and a draft on every tenth
@@ -110,7 +110,10 @@ fn package_files(i: usize, v: usize) -> Files {
 }
 
 /// The upstream repository with `n` packages.
-fn build_upstream(dir: &Path, n: usize) {
+/// With `distinct_trees`, every approval commit has its own root tree (as
+/// in a repository grown by publishes); else the commits of one round of
+/// revisions share one root tree (fast to build at 10,000 packages).
+fn build_upstream(dir: &Path, n: usize, distinct_trees: bool) {
     let repo = GitRepo::init_bare(dir).unwrap();
     let who = Identity::of_user("fixture@example.com");
     let mut refs = String::new();
@@ -140,8 +143,15 @@ fn build_upstream(dir: &Path, n: usize) {
                 )
             })
             .collect();
-        tree = repo.replace_subtrees(Some(tree), &subtrees).unwrap();
-        for i in 0..n {
+        if !distinct_trees {
+            tree = repo.replace_subtrees(Some(tree), &subtrees).unwrap();
+        }
+        for (i, subtree) in subtrees.iter().enumerate() {
+            if distinct_trees {
+                tree = repo
+                    .replace_subtrees(Some(tree), std::slice::from_ref(subtree))
+                    .unwrap();
+            }
             let message = approval_message(&Annotation {
                 package_path: format!("pkg-{i:05}"),
                 workspace_name: format!("ws-{v}"),
@@ -240,28 +250,26 @@ struct Row {
     fixture: f64,
     cold_rebuild: f64,
     discovery: f64,
+    discovery_warm: f64,
     draft: f64,
     draft_bytes: f64,
     draft_cli: f64,
     publish: f64,
     publish_bytes: f64,
     publish_cli: f64,
-    /// The server's share of any push: the receive-pack advertisement GET
-    /// and a POST of no commands, back to back.
-    floor: f64,
     /// Snapshot load, fetch-free publish and push, snapshot save.
     publish_phases: [f64; 3],
     cold_publish: f64,
     cold_publish_bytes: f64,
 }
 
-async fn measure(n: usize, runs: usize) -> Row {
+async fn measure(n: usize, runs: usize, distinct_trees: bool) -> Row {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("srv");
     std::fs::create_dir_all(&root).unwrap();
     let upstream = root.join("repo.git");
     let started = Instant::now();
-    build_upstream(&upstream, n);
+    build_upstream(&upstream, n, distinct_trees);
     let mut row = Row {
         packages: n,
         fixture: ms(started.elapsed()),
@@ -283,15 +291,21 @@ async fn measure(n: usize, runs: usize) -> Row {
     let mirror = Mirror::new(snapshots.mirror(), remote, RetryPolicy::default()).unwrap();
     let layout = RepoLayout::new("", "main");
 
-    let mut times = Vec::new();
+    // cold: no tag cache yet (every tag's commit and Kptfile read); warm:
+    // the cache next to the mirror
+    let (mut cold, mut warm) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        let repo = GitRepo::open(snapshots.mirror()).unwrap();
-        let started = Instant::now();
-        let found = discover(&repo, &layout, "repo", &url).unwrap();
-        times.push(ms(started.elapsed()));
-        row.revisions = found.len();
+        let _ = std::fs::remove_file(snapshots.mirror().join("porch-discovery.json"));
+        for times in [&mut cold, &mut warm] {
+            let repo = GitRepo::open(snapshots.mirror()).unwrap();
+            let started = Instant::now();
+            let found = discover(&repo, &layout, "repo", &url).unwrap();
+            times.push(ms(started.elapsed()));
+            row.revisions = found.len();
+        }
     }
-    row.discovery = median(&mut times);
+    row.discovery = median(&mut cold);
+    row.discovery_warm = median(&mut warm);
 
     // create-draft: load (warm) + create + push + save
     let (mut lat, mut bytes) = (Vec::new(), Vec::new());
@@ -437,32 +451,6 @@ async fn measure(n: usize, runs: usize) -> Row {
         row.cold_publish_bytes = read.load(Ordering::Relaxed) as f64;
     }
 
-    // the server's floor for one push at this size
-    let client = reqwest::Client::new();
-    let mut lat = Vec::new();
-    for _ in 0..runs {
-        let started = Instant::now();
-        let adv = client
-            .get(format!("{url}/info/refs?service=git-receive-pack"))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        assert!(adv.len() > 100);
-        let answer = client
-            .post(format!("{url}/git-receive-pack"))
-            .header("content-type", "application/x-git-receive-pack-request")
-            .body("0000")
-            .send()
-            .await
-            .unwrap();
-        assert!(answer.status().is_success());
-        lat.push(ms(started.elapsed()));
-    }
-    row.floor = median(&mut lat);
-
     // the git CLI on a warm clone: the same commit and push
     let work = tmp.path().join("work");
     let out = Command::new("git")
@@ -570,6 +558,7 @@ fn main() {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect();
+    let distinct_trees = args.iter().any(|a| a == "--distinct-trees");
     let runs: usize = arg(&args, "--runs")
         .and_then(|r| r.parse().ok())
         .unwrap_or(7);
@@ -580,7 +569,7 @@ fn main() {
         .unwrap();
     let mut rows = Vec::new();
     for n in sizes {
-        let row = runtime.block_on(measure(n, runs));
+        let row = runtime.block_on(measure(n, runs, distinct_trees));
         println!("{row:?}");
         rows.push(row);
     }
@@ -589,15 +578,16 @@ fn main() {
         "medians of {runs} runs (ms; bytes read from the object store per operation with a warm cache)"
     );
     println!(
-        "| packages | revisions | discovery | create-draft | git CLI | ratio | bytes read | publish | git CLI | ratio | bytes read | cold publish | cold bytes | cold rebuild |"
+        "| packages | revisions | discovery cold | warm | create-draft | git CLI | ratio | bytes read | publish | git CLI | ratio | bytes read | cold publish | cold bytes | cold rebuild |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {} | {} | {:.0} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} |",
             r.packages,
             r.revisions,
             r.discovery,
+            r.discovery_warm,
             r.draft,
             r.draft_cli,
             r.draft / r.draft_cli,
@@ -611,23 +601,13 @@ fn main() {
             r.cold_rebuild
         );
     }
-    for r in &rows {
-        println!(
-            "at {} packages: server floor per push {:.1} ms; beyond it, publish {:.1} ms, git CLI {:.1} ms",
-            r.packages,
-            r.floor,
-            r.publish - r.floor,
-            r.publish_cli - r.floor
-        );
-    }
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
         println!(
-            "publish at {} packages / publish at {} packages: {:.2} (git CLI {:.2}; beyond the server floor {:.2})",
+            "publish at {} packages / publish at {} packages: {:.2} (git CLI: {:.2})",
             last.packages,
             first.packages,
             last.publish / first.publish,
-            last.publish_cli / first.publish_cli,
-            (last.publish - last.floor) / (first.publish - first.floor)
+            last.publish_cli / first.publish_cli
         );
     }
 }

@@ -15,6 +15,7 @@ use porch_api::Lifecycle;
 use porch_api::common::{GitLock, Locator};
 use porch_api::kptfile::Kptfile;
 use porch_api::naming::RevisionName;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// One package revision as git holds it.
@@ -67,50 +68,94 @@ pub fn discover(
     let mut lookup = PathLookup::new(repo);
     let mut infos: HashMap<ObjectId, CommitInfo> = HashMap::new();
     let mut locks: HashMap<ObjectId, Option<Locator>> = HashMap::new();
-    let commit_info = |infos: &mut HashMap<ObjectId, CommitInfo>,
-                       id: ObjectId|
-     -> Result<CommitInfo, RepoError> {
-        if let Some(info) = infos.get(&id) {
-            return Ok(info.clone());
-        }
-        let info = repo.commit_info(id)?;
-        infos.insert(id, info.clone());
-        Ok(info)
+    let mut cache = TagCache::load(repo, layout);
+    let mut facts_of = |commit: ObjectId, package: &str| -> Result<Facts, RepoError> {
+        let info = match infos.get(&commit) {
+            Some(info) => info.clone(),
+            None => {
+                let info = repo.commit_info(commit)?;
+                infos.insert(commit, info.clone());
+                info
+            }
+        };
+        let kptfile = lookup.entry(commit, &format!("{}/Kptfile", layout.full_path(package)))?;
+        let upstream_lock = match kptfile {
+            Some((_, blob)) => match locks.get(&blob) {
+                Some(lock) => lock.clone(),
+                None => {
+                    let lock = upstream_lock_of(&lookup.blob(blob)?);
+                    locks.insert(blob, lock.clone());
+                    lock
+                }
+            },
+            None => None,
+        };
+        Ok(Facts {
+            commit: commit.to_string(),
+            has_kptfile: kptfile.is_some(),
+            workspace: None,
+            author: info.author_email,
+            author_time: info.author_time,
+            message: info.message,
+            upstream_lock,
+        })
     };
     for (full_ref, commit, parsed_ref) in &parsed {
         let short = short_ref(full_ref);
-        let candidates: Vec<(String, String, i64, Lifecycle)> = match parsed_ref {
-            RevisionRef::Draft { package, workspace } => {
-                vec![(package.clone(), workspace.clone(), 0, Lifecycle::Draft)]
-            }
-            RevisionRef::Proposed { package, workspace } => {
-                vec![(package.clone(), workspace.clone(), 0, Lifecycle::Proposed)]
-            }
+        // (package, workspace, revision, lifecycle, facts of the commit)
+        let candidates: Vec<(String, String, i64, Lifecycle, Facts)> = match parsed_ref {
+            RevisionRef::Draft { package, workspace } => vec![(
+                package.clone(),
+                workspace.clone(),
+                0,
+                Lifecycle::Draft,
+                facts_of(**commit, package)?,
+            )],
+            RevisionRef::Proposed { package, workspace } => vec![(
+                package.clone(),
+                workspace.clone(),
+                0,
+                Lifecycle::Proposed,
+                facts_of(**commit, package)?,
+            )],
             RevisionRef::Tag { package, revision } if *revision > 0 => {
-                let kptfile = format!("{}/Kptfile", layout.full_path(package));
-                if lookup.entry(**commit, &kptfile)?.is_none() {
+                // a tag's facts never change for its commit: computed once
+                let facts = match cache.get(full_ref, **commit) {
+                    Some(facts) => facts,
+                    None => {
+                        let mut facts = facts_of(**commit, package)?;
+                        let (annotations, _) = parse_annotations(&facts.message);
+                        facts.workspace = annotations
+                            .iter()
+                            .rev()
+                            .find(|a| {
+                                a.package_path == layout.full_path(package)
+                                    && !a.workspace_name.is_empty()
+                            })
+                            .map(|a| a.workspace_name.clone());
+                        facts.message.clear();
+                        cache.insert(full_ref, facts.clone());
+                        facts
+                    }
+                };
+                if !facts.has_kptfile {
                     continue;
                 }
-                let info = commit_info(&mut infos, **commit)?;
-                let (annotations, _) = parse_annotations(&info.message);
-                let workspace = annotations
-                    .iter()
-                    .rev()
-                    .find(|a| {
-                        a.package_path == layout.full_path(package) && !a.workspace_name.is_empty()
-                    })
-                    .map_or_else(|| format!("v{revision}"), |a| a.workspace_name.clone());
+                let workspace = facts
+                    .workspace
+                    .clone()
+                    .unwrap_or_else(|| format!("v{revision}"));
                 let lifecycle =
                     if deletion_proposed.contains(&(package.clone(), format!("v{revision}"))) {
                         Lifecycle::DeletionProposed
                     } else {
                         Lifecycle::Published
                     };
-                vec![(package.clone(), workspace, *revision, lifecycle)]
+                vec![(package.clone(), workspace, *revision, lifecycle, facts)]
             }
-            RevisionRef::Branch => packages_on(repo, **commit, layout)?
-                .into_iter()
-                .map(|package| {
+            RevisionRef::Branch => {
+                let mut out = Vec::new();
+                for package in packages_on(repo, **commit, layout)? {
                     let lifecycle = if deletion_proposed
                         .contains(&(package.clone(), layout.branch().to_owned()))
                     {
@@ -118,31 +163,19 @@ pub fn discover(
                     } else {
                         Lifecycle::Published
                     };
-                    (package, layout.branch().to_owned(), -1, lifecycle)
-                })
-                .collect(),
+                    let facts = facts_of(**commit, &package)?;
+                    out.push((package, layout.branch().to_owned(), -1, lifecycle, facts));
+                }
+                out
+            }
             _ => continue,
         };
-        for (package, workspace, revision, lifecycle) in candidates {
+        for (package, workspace, revision, lifecycle, facts) in candidates {
             let name = RevisionName::compose(repository, &package, &workspace);
             // a directory name that cannot be part of an object name is no revision
             if RevisionName::parse(&name).is_err() {
                 continue;
             }
-            let info = commit_info(&mut infos, **commit)?;
-            let kptfile =
-                lookup.entry(**commit, &format!("{}/Kptfile", layout.full_path(&package)))?;
-            let upstream_lock = match kptfile {
-                Some((_, blob)) => match locks.get(&blob) {
-                    Some(lock) => lock.clone(),
-                    None => {
-                        let lock = upstream_lock_of(&lookup.blob(blob)?);
-                        locks.insert(blob, lock.clone());
-                        lock
-                    }
-                },
-                None => None,
-            };
             found.insert(
                 name.clone(),
                 DiscoveredRevision {
@@ -161,14 +194,89 @@ pub fn discover(
                     revision,
                     lifecycle,
                     commit: **commit,
-                    author: info.author_email,
-                    author_time: info.author_time,
-                    upstream_lock,
+                    author: facts.author,
+                    author_time: facts.author_time,
+                    upstream_lock: facts.upstream_lock,
                 },
             );
         }
     }
+    cache.save(repo, &refs);
     Ok(found.into_values().collect())
+}
+
+/// What discovery reads from one commit for one package.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Facts {
+    commit: String,
+    has_kptfile: bool,
+    /// From the approval annotation (tags only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workspace: Option<String>,
+    author: String,
+    author_time: i64,
+    /// Only while computing; never stored.
+    #[serde(skip)]
+    message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    upstream_lock: Option<Locator>,
+}
+
+/// The facts of every tag, kept in the git directory: a tag's commit does
+/// not change, so warm discovery reads no tree and no commit for tags it
+/// has seen, however the repository's trees are shaped.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct TagCache {
+    directory: String,
+    tags: BTreeMap<String, Facts>,
+    #[serde(skip)]
+    changed: bool,
+}
+
+impl TagCache {
+    const FILE: &'static str = "porch-discovery.json";
+
+    fn load(repo: &GitRepo, layout: &RepoLayout) -> Self {
+        std::fs::read(repo.git_dir().join(Self::FILE))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<Self>(&bytes).ok())
+            .filter(|c| c.directory == layout.directory())
+            .unwrap_or_else(|| Self {
+                directory: layout.directory().to_owned(),
+                ..Self::default()
+            })
+    }
+
+    fn get(&self, name: &str, commit: ObjectId) -> Option<Facts> {
+        self.tags
+            .get(name)
+            .filter(|f| f.commit == commit.to_string())
+            .cloned()
+    }
+
+    fn insert(&mut self, name: &str, facts: Facts) {
+        self.tags.insert(name.to_owned(), facts);
+        self.changed = true;
+    }
+
+    /// Writes the cache back (best effort), without tags that are gone.
+    fn save(mut self, repo: &GitRepo, refs: &BTreeMap<String, ObjectId>) {
+        let before = self.tags.len();
+        self.tags.retain(|name, _| refs.contains_key(name));
+        if !self.changed && self.tags.len() == before {
+            return;
+        }
+        let path = repo.git_dir().join(Self::FILE);
+        let tmp = repo
+            .git_dir()
+            .join(format!("{}.tmp-{}", Self::FILE, std::process::id()));
+        if let Ok(bytes) = serde_json::to_vec(&self)
+            && std::fs::write(&tmp, bytes).is_ok()
+        {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
 }
 
 /// The git upstream lock of a Kptfile, if it has one.

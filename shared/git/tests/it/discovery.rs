@@ -170,3 +170,42 @@ fn every_kind_of_revision_is_found() {
         assert_ne!(orchestrator().email, v1.author);
     }
 }
+
+/// The second discovery reads tags from the cache next to the repository
+/// and finds the same; a re-pointed tag and a damaged cache are handled.
+#[test]
+fn discovery_cache_is_transparent() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(tmp.path()).expect("init");
+    let layout = RepoLayout::new("", "main");
+    let a = Files::from([("Kptfile".to_owned(), kptfile("a", true))]);
+    let message = |n: &str, ws: &str| {
+        approval_message(&Annotation {
+            package_path: "a".into(),
+            workspace_name: ws.into(),
+            revision: n.into(),
+            ..Default::default()
+        })
+    };
+    let first = commit(&repo, "", &[("a", a.clone())], &message("1", "one"), &[]);
+    let second = commit(&repo, "", &[("a", a)], &message("1", "other"), &[first]);
+    repo.update_ref("refs/heads/main", None, Some(second))
+        .expect("main");
+    repo.update_ref("refs/tags/a/v1", None, Some(first))
+        .expect("tag");
+    let cold = discover(&repo, &layout, "r", "u").expect("cold");
+    assert!(tmp.path().join("porch-discovery.json").exists());
+    let warm = discover(&repo, &layout, "r", "u").expect("warm");
+    assert_eq!(cold, warm);
+    assert!(warm.iter().any(|r| r.name == "r.a.one"));
+
+    // the tag moves to another commit: its facts are read again
+    repo.update_ref("refs/tags/a/v1", Some(first), Some(second))
+        .expect("move");
+    let moved = discover(&repo, &layout, "r", "u").expect("moved");
+    assert!(moved.iter().any(|r| r.name == "r.a.other"), "{moved:#?}");
+    assert!(!moved.iter().any(|r| r.name == "r.a.one"));
+
+    std::fs::write(tmp.path().join("porch-discovery.json"), b"{garbage").expect("damage");
+    assert_eq!(discover(&repo, &layout, "r", "u").expect("again"), moved);
+}
