@@ -234,8 +234,11 @@ struct TagCache {
     changed: bool,
 }
 
+/// Where discovery keeps its tag cache in a repository's git directory.
+pub const TAG_CACHE_FILE: &str = "porch-discovery.json";
+
 impl TagCache {
-    const FILE: &'static str = "porch-discovery.json";
+    const FILE: &'static str = TAG_CACHE_FILE;
 
     fn load(repo: &GitRepo, layout: &RepoLayout) -> Self {
         std::fs::read(repo.git_dir().join(Self::FILE))
@@ -251,7 +254,7 @@ impl TagCache {
     fn get(&self, name: &str, commit: ObjectId) -> Option<Facts> {
         self.tags
             .get(name)
-            .filter(|f| f.commit == commit.to_string())
+            .filter(|f| ObjectId::from_hex(f.commit.as_bytes()).ok() == Some(commit))
             .cloned()
     }
 

@@ -407,6 +407,7 @@ impl<S: ObjectStore> Snapshots<S> {
                 }));
             }
         }
+        bytes_read += self.load_discovery_cache().await?;
         let mut packs_downloaded = 0;
         for pack in &manifest.packs {
             if !self.local_pack(pack, "idx").exists() {
@@ -437,6 +438,48 @@ impl<S: ObjectStore> Snapshots<S> {
             bytes_read,
             packs_downloaded,
         }))
+    }
+
+    fn discovery_key(&self) -> String {
+        format!("{}/discovery.json", self.key)
+    }
+
+    /// Uploads discovery's tag cache (what each tag's commit holds, which
+    /// never changes), so a cold handler discovers without reading every
+    /// tag's tree. Call it after discovery; a lost race only costs another
+    /// handler a recomputation.
+    ///
+    /// # Errors
+    /// Store errors.
+    pub async fn save_discovery_cache(&self) -> Result<u64, SnapshotError> {
+        let path = self.mirror.join(crate::discovery::TAG_CACHE_FILE);
+        let Ok(body) = std::fs::read(&path) else {
+            return Ok(0);
+        };
+        let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
+        self.store
+            .put(&self.discovery_key(), body, PutCondition::Always)
+            .await?;
+        Ok(size)
+    }
+
+    /// Downloads discovery's tag cache when the mirror has none.
+    async fn load_discovery_cache(&self) -> Result<u64, SnapshotError> {
+        let path = self.mirror.join(crate::discovery::TAG_CACHE_FILE);
+        if path.exists() {
+            return Ok(0);
+        }
+        let Some(object) = self.store.get(&self.discovery_key()).await? else {
+            return Ok(0);
+        };
+        let size = u64::try_from(object.body.len()).unwrap_or(u64::MAX);
+        // an unreadable cache is ignored by discovery, so no check here
+        let tmp = self
+            .mirror
+            .join(format!(".{}.tmp", crate::discovery::TAG_CACHE_FILE));
+        std::fs::write(&tmp, object.body).map_err(Self::io("write", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(Self::io("rename", &path))?;
+        Ok(size)
     }
 
     /// Uploads a pack of the objects the mirror's refs reach beyond

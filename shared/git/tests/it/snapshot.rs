@@ -392,3 +392,42 @@ fn hostile_snapshot_keys_are_refused() {
         );
     }
 }
+
+/// Discovery's tag cache travels with the snapshot: a cold handler gets it
+/// on load and discovers the same revisions without reading tag trees.
+#[tokio::test]
+async fn discovery_cache_travels_with_the_snapshot() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let store = LocalDirStore::new(root.path().join("store"));
+    let up = upstream(root.path());
+    git(&up, &["tag", "a/v1", "main"]);
+    git(&up, &["tag", "b/v1", "main"]);
+    let remote = LocalRemote::new(&up);
+    let a = Snapshots::new(store.clone(), KEY, root.path().join("a")).expect("a");
+    a.prepare(&remote).await.expect("rebuild");
+    let layout = RepoLayout::new("", "main");
+    let first = porch_git::discovery::discover(
+        &GitRepo::open(a.mirror()).expect("open"),
+        &layout,
+        "repo",
+        remote.url(),
+    )
+    .expect("discover");
+    assert!(a.save_discovery_cache().await.expect("save cache") > 0);
+    let b = Snapshots::new(store.clone(), KEY, root.path().join("b")).expect("b");
+    b.load().await.expect("load");
+    assert!(
+        b.mirror()
+            .join(porch_git::discovery::TAG_CACHE_FILE)
+            .exists()
+    );
+    let second = porch_git::discovery::discover(
+        &GitRepo::open(b.mirror()).expect("open"),
+        &layout,
+        "repo",
+        remote.url(),
+    )
+    .expect("discover");
+    assert_eq!(first, second);
+    assert_eq!(first.iter().filter(|r| r.revision == 1).count(), 2);
+}
