@@ -1,36 +1,14 @@
 //! The lifecycle on a local repository, checked with the git CLI.
 
-use crate::support::git;
+use crate::support::{actor, files, git};
 use porch_api::Lifecycle;
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_git::discovery::discover;
 use porch_git::identity::Identity;
 use porch_git::layout::RepoLayout;
 use porch_git::operations::{Actor, OperationError, Packages};
-use porch_git::repo::{Files, GitRepo};
+use porch_git::repo::GitRepo;
 use std::path::Path;
-
-fn actor(uid: &str, generation: i64) -> Actor {
-    Actor {
-        uid: uid.into(),
-        generation,
-        author: Identity::of_user("alice@example.com"),
-        time: 1_795_000_000,
-    }
-}
-
-fn files(version: &str) -> Files {
-    Files::from([
-        (
-            "Kptfile".to_owned(),
-            b"apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: basens\n".to_vec(),
-        ),
-        (
-            "cm.yaml".to_owned(),
-            format!("version: {version}\n").into_bytes(),
-        ),
-    ])
-}
 
 fn task(kind: TaskType) -> Task {
     Task {

@@ -2,7 +2,7 @@
 //! behind a small HTTP server, `git daemon` with receive-pack, and a local
 //! bare repository; results checked with the git CLI.
 
-use crate::support::{bare_upstream, git, git_commit_files, git_daemon, http_server};
+use crate::support::{bare_upstream, files, git, git_commit_files, git_daemon, http_server};
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_git::identity::Identity;
 use porch_git::layout::RepoLayout;
@@ -12,31 +12,13 @@ use porch_git::pktline::RefRejection;
 use porch_git::remote::{
     Credentials, LocalRemote, Remote, RemoteError, RemoteOptions, SmartRemote, StaticCredentials,
 };
-use porch_git::repo::{Files, GitRepo, RefUpdate};
+use porch_git::repo::{GitRepo, RefUpdate};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 fn actor(uid: &str) -> Actor {
-    Actor {
-        uid: uid.into(),
-        generation: 1,
-        author: Identity::of_user("alice@example.com"),
-        time: 1_795_000_000,
-    }
-}
-
-fn files(version: &str) -> Files {
-    Files::from([
-        (
-            "Kptfile".to_owned(),
-            b"apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: basens\n".to_vec(),
-        ),
-        (
-            "cm.yaml".to_owned(),
-            format!("version: {version}\n").into_bytes(),
-        ),
-    ])
+    crate::support::actor(uid, 1)
 }
 
 fn init_task() -> Task {
@@ -321,9 +303,18 @@ async fn fetch_is_incremental_and_prunes() {
     crate::support::run(command);
 }
 
-/// A push whose expected old id is stale is refused before any pack is sent.
-#[tokio::test]
-async fn stale_expected_id_is_a_conflict() {
+/// An upstream repository (commits of `a/Kptfile`, then `a/x` when `two`)
+/// behind the HTTP test server, a remote for it, and an empty mirror.
+struct Served {
+    _root: tempfile::TempDir,
+    upstream: std::path::PathBuf,
+    _server: crate::support::Server,
+    remote: SmartRemote,
+    mirror_dir: std::path::PathBuf,
+    mirror: GitRepo,
+}
+
+fn served(two_commits: bool, deny_non_fast_forwards: bool) -> Served {
     let root = tempfile::tempdir().expect("tempdir");
     let upstream = bare_upstream(root.path(), "repo");
     git_commit_files(
@@ -332,15 +323,44 @@ async fn stale_expected_id_is_a_conflict() {
         &[("a/Kptfile", "kind: Kptfile\n")],
         "one",
     );
+    if two_commits {
+        git_commit_files(&upstream, "main", &[("a/x", "2\n")], "two");
+    }
+    if deny_non_fast_forwards {
+        git(
+            &upstream,
+            &["config", "receive.denyNonFastForwards", "true"],
+        );
+    }
     let server = http_server(root.path(), None);
     let remote = SmartRemote::new(
         &format!("http://127.0.0.1:{}/repo.git", server.port),
         RemoteOptions::default(),
     )
     .expect("remote");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let mirror_dir = tmp.path().join("m");
+    let mirror_dir = root.path().join("mirror");
     let mirror = GitRepo::init_bare(&mirror_dir).expect("init");
+    Served {
+        _root: root,
+        upstream,
+        _server: server,
+        remote,
+        mirror_dir,
+        mirror,
+    }
+}
+
+/// A push whose expected old id is stale is refused before any pack is sent.
+#[tokio::test]
+async fn stale_expected_id_is_a_conflict() {
+    let Served {
+        _root,
+        _server,
+        upstream,
+        remote,
+        mirror_dir,
+        mirror,
+    } = served(false, false);
     let refs = remote.fetch(&mirror_dir).await.expect("fetch");
     let main = refs["refs/heads/main"];
     git_commit_files(&upstream, "main", &[("a/x", "moved\n")], "someone else");
@@ -392,28 +412,14 @@ async fn stale_expected_id_is_a_conflict() {
 /// non-fast-forward with `receive.denyNonFastForwards`, a declining hook.
 #[tokio::test]
 async fn server_rejections_are_typed() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let upstream = bare_upstream(root.path(), "repo");
-    git_commit_files(
-        &upstream,
-        "main",
-        &[("a/Kptfile", "kind: Kptfile\n")],
-        "one",
-    );
-    git_commit_files(&upstream, "main", &[("a/x", "2\n")], "two");
-    git(
-        &upstream,
-        &["config", "receive.denyNonFastForwards", "true"],
-    );
-    let server = http_server(root.path(), None);
-    let remote = SmartRemote::new(
-        &format!("http://127.0.0.1:{}/repo.git", server.port),
-        RemoteOptions::default(),
-    )
-    .expect("remote");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let mirror_dir = tmp.path().join("m");
-    let mirror = GitRepo::init_bare(&mirror_dir).expect("init");
+    let Served {
+        _root,
+        _server,
+        upstream,
+        remote,
+        mirror_dir,
+        mirror,
+    } = served(true, true);
     let refs = remote.fetch(&mirror_dir).await.expect("fetch");
     let main = refs["refs/heads/main"];
     let parent = mirror.first_parents(main, 2).expect("history")[1];
@@ -471,28 +477,14 @@ async fn server_rejections_are_typed() {
 /// An atomic push with one bad ref changes none.
 #[tokio::test]
 async fn atomic_push_is_all_or_nothing() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let upstream = bare_upstream(root.path(), "repo");
-    git_commit_files(
-        &upstream,
-        "main",
-        &[("a/Kptfile", "kind: Kptfile\n")],
-        "one",
-    );
-    git_commit_files(&upstream, "main", &[("a/x", "2\n")], "two");
-    git(
-        &upstream,
-        &["config", "receive.denyNonFastForwards", "true"],
-    );
-    let server = http_server(root.path(), None);
-    let remote = SmartRemote::new(
-        &format!("http://127.0.0.1:{}/repo.git", server.port),
-        RemoteOptions::default(),
-    )
-    .expect("remote");
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let mirror_dir = tmp.path().join("m");
-    let mirror = GitRepo::init_bare(&mirror_dir).expect("init");
+    let Served {
+        _root,
+        _server,
+        upstream,
+        remote,
+        mirror_dir,
+        mirror,
+    } = served(true, true);
     let main = remote.fetch(&mirror_dir).await.expect("fetch")["refs/heads/main"];
     let parent = mirror.first_parents(main, 2).expect("history")[1];
     let before = show_refs(&upstream);

@@ -235,3 +235,27 @@ pub(crate) async fn s3_store(server: &Server, bucket: &str) -> porch_git::s3::S3
         .expect("create bucket");
     porch_git::s3::S3Store::with_client(client, bucket, "porch").expect("store")
 }
+
+/// Who asks for an operation in tests.
+pub(crate) fn actor(uid: &str, generation: i64) -> porch_git::operations::Actor {
+    porch_git::operations::Actor {
+        uid: uid.into(),
+        generation,
+        author: porch_git::identity::Identity::of_user("alice@example.com"),
+        time: 1_795_000_000,
+    }
+}
+
+/// A small package: a Kptfile and a ConfigMap holding `version`.
+pub(crate) fn files(version: &str) -> porch_git::repo::Files {
+    porch_git::repo::Files::from([
+        (
+            "Kptfile".to_owned(),
+            b"apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: basens\n".to_vec(),
+        ),
+        (
+            "cm.yaml".to_owned(),
+            format!("version: {version}\n").into_bytes(),
+        ),
+    ])
+}
