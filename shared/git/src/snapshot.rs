@@ -62,12 +62,60 @@ pub struct Manifest {
     pub remote: String,
     /// When the refs were last fetched from or pushed to the remote, Unix seconds.
     pub fetched_at: i64,
-    /// Branch and tag names → object ids (hex).
+    /// The full ref map at some earlier save, stored once as
+    /// `K/refs/<id>.json` (`<id>`: the git blob id of its content), so a save
+    /// writes and a changed manifest costs a reader only the refs changed
+    /// since; `None` while the repository has few refs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Branch and tag names → object ids (hex): every ref without a base,
+    /// else the refs added or changed since it.
     pub refs: BTreeMap<String, String>,
+    /// Refs of the base that no longer exist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted: Vec<String>,
     /// Pack checksums (hex); together they hold every object the refs reach.
     pub packs: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired: Vec<RetiredPack>,
+    /// Bases replaced by a newer one, deleted after [`RETIRE_GRACE`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired_bases: Vec<RetiredPack>,
+}
+
+/// More changed refs than this since the base, and the next save writes a
+/// new base.
+pub const MAX_DELTA: usize = 1024;
+
+fn check_ref_name(name: &str) -> Result<(), String> {
+    let usable = (name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
+        && gix::refs::FullName::try_from(name).is_ok();
+    if usable {
+        Ok(())
+    } else {
+        Err(format!(
+            "{:?} is not a branch or tag name",
+            name.chars().take(200).collect::<String>()
+        ))
+    }
+}
+
+/// Decodes and checks a base ref map from untrusted bytes named `id`.
+fn decode_base(id: &str, bytes: &[u8]) -> Result<BTreeMap<String, ObjectId>, String> {
+    let computed = gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, bytes)
+        .map_err(|e| e.to_string())?;
+    if hex_id(id) != Some(computed) {
+        return Err(format!("ref base {id} does not match its content"));
+    }
+    let map: BTreeMap<String, String> = serde_json::from_slice(bytes)
+        .map_err(|e| format!("ref base {id} is not a ref map: {e}"))?;
+    let mut out = BTreeMap::new();
+    for (name, hex) in map {
+        check_ref_name(&name)?;
+        let oid = hex_id(&hex).ok_or_else(|| format!("ref {name} has a bad object id"))?;
+        out.insert(name, oid);
+    }
+    Ok(out)
 }
 
 /// Why a snapshot could not be used or written.
@@ -122,22 +170,20 @@ impl Manifest {
             return Err("the remote URL is longer than 4096 bytes".into());
         }
         for (name, id) in &manifest.refs {
-            let usable = (name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
-                && gix::refs::FullName::try_from(name.as_str()).is_ok();
-            if !usable {
-                return Err(format!(
-                    "{:?} is not a branch or tag name",
-                    name.chars().take(200).collect::<String>()
-                ));
-            }
+            check_ref_name(name)?;
             if hex_id(id).is_none() {
                 return Err(format!("ref {name} has a bad object id"));
             }
+        }
+        for name in &manifest.deleted {
+            check_ref_name(name)?;
         }
         for pack in manifest
             .packs
             .iter()
             .chain(manifest.retired.iter().map(|r| &r.pack))
+            .chain(manifest.base.iter())
+            .chain(manifest.retired_bases.iter().map(|r| &r.pack))
         {
             if hex_id(pack).is_none() {
                 return Err(format!(
@@ -149,7 +195,8 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// The refs as ids (checked by [`Manifest::decode`]).
+    /// The refs listed in the manifest itself as ids (all of them when it
+    /// has no base; checked by [`Manifest::decode`]).
     pub fn ref_ids(&self) -> BTreeMap<String, ObjectId> {
         self.refs
             .iter()
@@ -164,30 +211,44 @@ impl Manifest {
 struct LocalState {
     etag: String,
     manifest: Manifest,
+    /// The manifest's refs resolved against its base.
+    refs: BTreeMap<String, String>,
     /// The refs the mirror had when it was last in step with the snapshot
     /// (changes since then are this process's to save); absent when they
-    /// are the manifest's.
+    /// are the snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     synced_refs: Option<BTreeMap<String, String>>,
 }
 
+fn from_hex_map(map: &BTreeMap<String, String>) -> BTreeMap<String, ObjectId> {
+    map.iter()
+        .filter_map(|(n, id)| Some((n.clone(), hex_id(id)?)))
+        .collect()
+}
+
 impl LocalState {
-    fn new(etag: &ETag, manifest: &Manifest, synced: &BTreeMap<String, ObjectId>) -> Self {
+    fn new(
+        etag: &ETag,
+        manifest: &Manifest,
+        refs: &BTreeMap<String, ObjectId>,
+        synced: &BTreeMap<String, ObjectId>,
+    ) -> Self {
+        let refs = hex_map(refs);
         let synced = hex_map(synced);
         Self {
             etag: etag.0.clone(),
-            synced_refs: (synced != manifest.refs).then_some(synced),
+            synced_refs: (synced != refs).then_some(synced),
+            refs,
             manifest: manifest.clone(),
         }
     }
 
+    fn refs(&self) -> BTreeMap<String, ObjectId> {
+        from_hex_map(&self.refs)
+    }
+
     fn synced(&self) -> BTreeMap<String, ObjectId> {
-        self.synced_refs
-            .as_ref()
-            .unwrap_or(&self.manifest.refs)
-            .iter()
-            .filter_map(|(n, id)| Some((n.clone(), hex_id(id)?)))
-            .collect()
+        from_hex_map(self.synced_refs.as_ref().unwrap_or(&self.refs))
     }
 }
 
@@ -204,7 +265,7 @@ pub struct Loaded {
 /// The result of [`Snapshots::load`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoadOutcome {
-    Loaded(Loaded),
+    Loaded(Box<Loaded>),
     /// No snapshot yet.
     Missing,
 }
@@ -370,27 +431,31 @@ impl<S: ObjectStore> Snapshots<S> {
     pub async fn load(&self) -> Result<LoadOutcome, SnapshotError> {
         let state = self.read_state();
         let known = state.as_ref().map(|s| ETag(s.etag.clone()));
-        let (manifest, etag, mut bytes_read) = match self
+        let (manifest, etag, mut bytes_read, refs) = match self
             .store
             .get_if_changed(&self.manifest_key(), known.as_ref())
             .await?
         {
             Fetched::Missing => return Ok(LoadOutcome::Missing),
             Fetched::NotModified => match state {
-                Some(state) => (state.manifest, ETag(state.etag), 0),
+                Some(state) => {
+                    let refs = state.refs();
+                    (state.manifest, ETag(state.etag), 0, refs)
+                }
                 None => return Err(self.corrupt("not modified, but never loaded")),
             },
             Fetched::Found(object) => {
                 let manifest = Manifest::decode(&object.body).map_err(|r| self.corrupt(r))?;
-                let read = u64::try_from(object.body.len()).unwrap_or(u64::MAX);
-                (manifest, object.etag, read)
+                let (refs, base_read) = self.resolve(&manifest).await?;
+                let read = u64::try_from(object.body.len()).unwrap_or(u64::MAX) + base_read;
+                (manifest, object.etag, read, refs)
             }
         };
         if bytes_read == 0 {
             // nothing changed in the store: if the mirror still has the
             // manifest's refs, it is ready as it is
             let mirror = self.mirror.clone();
-            let refs = manifest.ref_ids();
+            let refs = refs.clone();
             let same = tokio::task::spawn_blocking(move || {
                 GitRepo::open(&mirror)?
                     .try_refs_unpeeled()
@@ -399,12 +464,12 @@ impl<S: ObjectStore> Snapshots<S> {
             .await
             .map_err(|e| SnapshotError::Task(e.to_string()))??;
             if same {
-                return Ok(LoadOutcome::Loaded(Loaded {
+                return Ok(LoadOutcome::Loaded(Box::new(Loaded {
                     manifest,
                     etag,
                     bytes_read,
                     packs_downloaded: 0,
-                }));
+                })));
             }
         }
         bytes_read += self.load_discovery_cache().await?;
@@ -415,7 +480,6 @@ impl<S: ObjectStore> Snapshots<S> {
                 packs_downloaded += 1;
             }
         }
-        let refs = manifest.ref_ids();
         let mirror = self.mirror.clone();
         let synced = refs.clone();
         let complete = tokio::task::spawn_blocking(move || {
@@ -431,13 +495,119 @@ impl<S: ObjectStore> Snapshots<S> {
         if let Some(name) = complete {
             return Err(self.corrupt(format!("no pack holds the commit of {name}")));
         }
-        self.write_state(&LocalState::new(&etag, &manifest, &refs))?;
-        Ok(LoadOutcome::Loaded(Loaded {
+        self.write_state(&LocalState::new(&etag, &manifest, &refs, &refs))?;
+        Ok(LoadOutcome::Loaded(Box::new(Loaded {
             manifest,
             etag,
             bytes_read,
             packs_downloaded,
-        }))
+        })))
+    }
+
+    fn base_key(&self, id: &str) -> String {
+        format!("{}/refs/{id}.json", self.key)
+    }
+
+    fn local_base(&self, id: &str) -> PathBuf {
+        self.mirror.join(format!("porch-refs-{id}.json"))
+    }
+
+    /// A base ref map: from the mirror's copy, else from the store.
+    /// Returns it with the bytes read from the store.
+    async fn base_refs(
+        &self,
+        id: &str,
+    ) -> Result<(BTreeMap<String, ObjectId>, u64), SnapshotError> {
+        let local = self.local_base(id);
+        if let Ok(bytes) = std::fs::read(&local)
+            && let Ok(map) = decode_base(id, &bytes)
+        {
+            return Ok((map, 0));
+        }
+        let object = self
+            .store
+            .get(&self.base_key(id))
+            .await?
+            .ok_or_else(|| self.corrupt(format!("ref base {id} is missing")))?;
+        let map = decode_base(id, &object.body).map_err(|r| self.corrupt(r))?;
+        let tmp = self.mirror.join(format!(".porch-refs-{id}.tmp"));
+        std::fs::write(&tmp, &object.body).map_err(Self::io("write", &tmp))?;
+        std::fs::rename(&tmp, &local).map_err(Self::io("rename", &local))?;
+        Ok((map, u64::try_from(object.body.len()).unwrap_or(u64::MAX)))
+    }
+
+    /// The manifest's refs resolved against its base, and the bytes read.
+    async fn resolve(
+        &self,
+        manifest: &Manifest,
+    ) -> Result<(BTreeMap<String, ObjectId>, u64), SnapshotError> {
+        let Some(base) = &manifest.base else {
+            return Ok((manifest.ref_ids(), 0));
+        };
+        let (mut refs, read) = self.base_refs(base).await?;
+        for name in &manifest.deleted {
+            refs.remove(name);
+        }
+        refs.extend(manifest.ref_ids());
+        Ok((refs, read))
+    }
+
+    /// `manifest` listing `refs`: as changes to its base while they are few,
+    /// else on a new base written to the store (the old one retired).
+    /// Returns the bytes written.
+    async fn set_refs(
+        &self,
+        manifest: &mut Manifest,
+        refs: &BTreeMap<String, ObjectId>,
+    ) -> Result<u64, SnapshotError> {
+        if let Some(base) = manifest.base.clone() {
+            let (base_refs, _) = self.base_refs(&base).await?;
+            let changed: BTreeMap<String, String> = refs
+                .iter()
+                .filter(|(n, id)| base_refs.get(*n) != Some(id))
+                .map(|(n, id)| (n.clone(), id.to_string()))
+                .collect();
+            let deleted: Vec<String> = base_refs
+                .keys()
+                .filter(|n| !refs.contains_key(*n))
+                .cloned()
+                .collect();
+            if changed.len() + deleted.len() <= MAX_DELTA {
+                manifest.refs = changed;
+                manifest.deleted = deleted;
+                return Ok(0);
+            }
+        } else if refs.len() <= MAX_DELTA {
+            manifest.refs = hex_map(refs);
+            manifest.deleted.clear();
+            return Ok(0);
+        }
+        let body = serde_json::to_vec(&hex_map(refs)).map_err(|e| self.corrupt(e.to_string()))?;
+        let id = gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, &body)
+            .map_err(|e| self.corrupt(e.to_string()))?
+            .to_string();
+        let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
+        let local = self.local_base(&id);
+        std::fs::write(&local, &body).map_err(Self::io("write", &local))?;
+        match self
+            .store
+            .put(&self.base_key(&id), body, PutCondition::IfAbsent)
+            .await
+        {
+            Ok(_) | Err(StoreError::PreconditionFailed { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if let Some(old) = manifest.base.replace(id.clone())
+            && old != id
+        {
+            manifest.retired_bases.push(RetiredPack {
+                pack: old,
+                since: now(),
+            });
+        }
+        manifest.refs.clear();
+        manifest.deleted.clear();
+        Ok(size)
     }
 
     fn discovery_key(&self) -> String {
@@ -551,10 +721,7 @@ impl<S: ObjectStore> Snapshots<S> {
         .map_err(|e| SnapshotError::Task(e.to_string()))??;
         let synced: BTreeMap<String, ObjectId> =
             state.as_ref().map(LocalState::synced).unwrap_or_default();
-        let base = state
-            .as_ref()
-            .map(|s| s.manifest.ref_ids())
-            .unwrap_or_default();
+        let base = state.as_ref().map(LocalState::refs).unwrap_or_default();
         let known: Vec<ObjectId> = base.values().chain(synced.values()).copied().collect();
         let uploaded = self
             .upload_pack(ours.values().copied().collect(), known, overwrite)
@@ -574,21 +741,32 @@ impl<S: ObjectStore> Snapshots<S> {
             }
         }
 
-        let mut current = state.map(|s| (s.manifest, ETag(s.etag)));
+        let mut current = state.map(|s| {
+            let refs = s.refs();
+            (s.manifest, ETag(s.etag), refs)
+        });
         let mut merges = 0;
         for _ in 0..SAVE_ATTEMPTS {
-            let (mut manifest, condition) = match &current {
-                Some((manifest, etag)) => (manifest.clone(), PutCondition::IfMatch(etag.clone())),
+            let (mut manifest, condition, mut refs) = match &current {
+                Some((manifest, etag, refs)) => (
+                    manifest.clone(),
+                    PutCondition::IfMatch(etag.clone()),
+                    refs.clone(),
+                ),
                 None => (
                     Manifest {
                         format: FORMAT,
                         remote: remote_url.to_owned(),
                         fetched_at: 0,
+                        base: None,
                         refs: BTreeMap::new(),
+                        deleted: Vec::new(),
                         packs: Vec::new(),
                         retired: Vec::new(),
+                        retired_bases: Vec::new(),
                     },
                     PutCondition::IfAbsent,
+                    BTreeMap::new(),
                 ),
             };
             if changes.is_empty() && uploaded.is_none() && current.is_some() {
@@ -596,7 +774,7 @@ impl<S: ObjectStore> Snapshots<S> {
                     PutCondition::IfMatch(etag) => etag,
                     _ => ETag(String::new()),
                 };
-                self.remember(&manifest, &etag, &ours)?;
+                self.remember(&manifest, &etag, &refs, &ours)?;
                 return Ok(Saved {
                     etag,
                     pack: None,
@@ -607,10 +785,11 @@ impl<S: ObjectStore> Snapshots<S> {
             }
             for (name, id) in &changes {
                 match id {
-                    Some(id) => manifest.refs.insert(name.clone(), id.to_string()),
-                    None => manifest.refs.remove(name),
+                    Some(id) => refs.insert(name.clone(), *id),
+                    None => refs.remove(name),
                 };
             }
+            bytes_written += self.set_refs(&mut manifest, &refs).await?;
             if let Some((pack, _)) = &uploaded
                 && !manifest.packs.contains(pack)
             {
@@ -622,7 +801,7 @@ impl<S: ObjectStore> Snapshots<S> {
             manifest.fetched_at = now();
             let mut compacted = false;
             if manifest.packs.len() > COMPACT_AT
-                && let Some((pack, written)) = self.compact(&manifest).await?
+                && let Some((pack, written)) = self.compact(&refs).await?
             {
                 let since = now();
                 for old in std::mem::take(&mut manifest.packs) {
@@ -643,12 +822,28 @@ impl<S: ObjectStore> Snapshots<S> {
                 .map(|r| r.pack.clone())
                 .collect();
             manifest.retired.retain(|r| !expired.contains(&r.pack));
+            let expired_bases: Vec<String> = manifest
+                .retired_bases
+                .iter()
+                .filter(|r| {
+                    now() - r.since > i64::try_from(RETIRE_GRACE.as_secs()).unwrap_or(i64::MAX)
+                })
+                .map(|r| r.pack.clone())
+                .collect();
+            manifest
+                .retired_bases
+                .retain(|r| !expired_bases.contains(&r.pack));
             let body = serde_json::to_vec(&manifest).map_err(|e| self.corrupt(e.to_string()))?;
             let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
             match self.store.put(&self.manifest_key(), body, condition).await {
                 Ok(etag) => {
                     bytes_written += size;
-                    self.remember(&manifest, &etag, &ours)?;
+                    self.remember(&manifest, &etag, &refs, &ours)?;
+                    for base in expired_bases {
+                        if manifest.base.as_ref() != Some(&base) {
+                            let _ = self.store.delete(&self.base_key(&base)).await;
+                        }
+                    }
                     for pack in expired {
                         if !manifest.packs.contains(&pack) {
                             for ext in ["pack", "idx"] {
@@ -667,13 +862,15 @@ impl<S: ObjectStore> Snapshots<S> {
                 Err(StoreError::PreconditionFailed { .. } | StoreError::NotFound { .. }) => {
                     merges += 1;
                     current = match self.store.get(&self.manifest_key()).await? {
-                        Some(object) => Some((
-                            Manifest::decode(&object.body).map_err(|r| self.corrupt(r))?,
-                            object.etag,
-                        )),
+                        Some(object) => {
+                            let theirs =
+                                Manifest::decode(&object.body).map_err(|r| self.corrupt(r))?;
+                            let (refs, _) = self.resolve(&theirs).await?;
+                            Some((theirs, object.etag, refs))
+                        }
                         None => None,
                     };
-                    if let Some((theirs, _)) = &mut current {
+                    if let Some((theirs, _, _)) = &mut current {
                         // their packs stay; ours is added above
                         theirs.retired.retain(|r| !theirs.packs.contains(&r.pack));
                     }
@@ -693,15 +890,19 @@ impl<S: ObjectStore> Snapshots<S> {
         &self,
         manifest: &Manifest,
         etag: &ETag,
+        refs: &BTreeMap<String, ObjectId>,
         ours: &BTreeMap<String, ObjectId>,
     ) -> Result<(), SnapshotError> {
-        self.write_state(&LocalState::new(etag, manifest, ours))
+        self.write_state(&LocalState::new(etag, manifest, refs, ours))
     }
 
     /// One pack of everything the manifest's refs reach, if the mirror has
     /// all of it (else compaction waits for a writer that does).
-    async fn compact(&self, manifest: &Manifest) -> Result<Option<(String, u64)>, SnapshotError> {
-        let tips: Vec<ObjectId> = manifest.ref_ids().into_values().collect();
+    async fn compact(
+        &self,
+        refs: &BTreeMap<String, ObjectId>,
+    ) -> Result<Option<(String, u64)>, SnapshotError> {
+        let tips: Vec<ObjectId> = refs.values().copied().collect();
         let mirror = self.mirror.clone();
         let has_all = {
             let tips = tips.clone();
@@ -734,7 +935,10 @@ impl<S: ObjectStore> Snapshots<S> {
                 format: FORMAT,
                 remote: remote.url().to_owned(),
                 fetched_at: 0,
+                base: None,
                 refs: BTreeMap::new(),
+                deleted: Vec::new(),
+                retired_bases: Vec::new(),
                 packs: Vec::new(),
                 retired: Manifest::decode(&object.body)
                     .map(|m| {
@@ -750,7 +954,8 @@ impl<S: ObjectStore> Snapshots<S> {
             self.write_state(&LocalState {
                 etag: object.etag.0,
                 manifest,
-                synced_refs: Some(BTreeMap::new()),
+                refs: BTreeMap::new(),
+                synced_refs: None,
             })?;
         }
         self.save_inner(remote.url(), true).await
@@ -763,7 +968,7 @@ impl<S: ObjectStore> Snapshots<S> {
     /// The store or the remote fails.
     pub async fn prepare<R: Remote>(&self, remote: &R) -> Result<Prepared, SnapshotError> {
         match self.load().await {
-            Ok(LoadOutcome::Loaded(loaded)) => Ok(Prepared::Loaded(loaded)),
+            Ok(LoadOutcome::Loaded(loaded)) => Ok(Prepared::Loaded(*loaded)),
             Ok(LoadOutcome::Missing) => Ok(Prepared::Rebuilt(self.rebuild(remote).await?)),
             Err(SnapshotError::Corrupt { key, reason }) => {
                 tracing::warn!(%key, %reason, "snapshot unusable, rebuilding it from the remote");

@@ -374,6 +374,19 @@ fn hostile_manifests_are_refused() {
         let err = Manifest::decode(bad.as_bytes()).expect_err(bad);
         assert!(err.contains(needle), "{bad}: {err}");
     }
+    for (bad, needle) in [
+        (
+            good.replace("\"packs\"", "\"base\":\"../x\",\"packs\""),
+            "not a checksum",
+        ),
+        (
+            good.replace("\"packs\"", "\"deleted\":[\"HEAD\"],\"packs\""),
+            "not a branch",
+        ),
+    ] {
+        let err = Manifest::decode(bad.as_bytes()).expect_err(&bad);
+        assert!(err.contains(needle), "{bad}: {err}");
+    }
     let huge = vec![b' '; porch_git::snapshot::MAX_MANIFEST_BYTES + 1];
     assert!(
         Manifest::decode(&huge)
@@ -430,4 +443,84 @@ async fn discovery_cache_travels_with_the_snapshot() {
     .expect("discover");
     assert_eq!(first, second);
     assert_eq!(first.iter().filter(|r| r.revision == 1).count(), 2);
+}
+
+/// With more refs than [`MAX_DELTA`], the refs move to a base object and a
+/// save writes, and a changed manifest costs a reader, only the refs that
+/// changed since.
+#[tokio::test]
+async fn many_refs_live_in_a_base_and_saves_write_only_changes() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let store = LocalDirStore::new(root.path().join("store"));
+    let up = upstream(root.path());
+    let main = git(&up, &["rev-parse", "main"]).trim().to_owned();
+    let script: String = (0..porch_git::snapshot::MAX_DELTA + 100)
+        .map(|i| format!("create refs/tags/p{i:05}/v1 {main}\n"))
+        .collect();
+    let mut command = crate::support::git_command();
+    command
+        .arg("--git-dir")
+        .arg(&up)
+        .args(["update-ref", "--stdin"])
+        .stdin(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("git");
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), script.as_bytes())
+        .expect("write");
+    assert!(child.wait().expect("wait").success());
+    let remote = LocalRemote::new(&up);
+    let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
+    writer.prepare(&remote).await.expect("rebuild");
+    let manifest = || async {
+        let body = store
+            .get(&format!("{KEY}/manifest.json"))
+            .await
+            .expect("get")
+            .expect("manifest")
+            .body;
+        (Manifest::decode(&body).expect("decode"), body.len())
+    };
+    let (first, first_size) = manifest().await;
+    assert!(first.base.is_some(), "refs moved to a base");
+    assert!(first.refs.is_empty());
+    assert!(first_size < 4096, "manifest of {first_size} bytes");
+
+    // one more draft: the manifest lists one changed ref on the same base
+    let mirror = Mirror::new(
+        writer.mirror(),
+        LocalRemote::new(&up),
+        RetryPolicy::default(),
+    )
+    .expect("mirror");
+    mirror.apply(draft("more", "u-more")).await.expect("draft");
+    writer.save(remote.url()).await.expect("save");
+    let (second, _) = manifest().await;
+    assert_eq!(second.base, first.base);
+    assert_eq!(
+        second.refs.keys().collect::<Vec<_>>(),
+        vec!["refs/heads/drafts/c/more"]
+    );
+
+    // a reader that had the previous manifest reads only the small new one
+    let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
+    reader.load().await.expect("first load");
+    mirror
+        .apply(draft("again", "u-again"))
+        .await
+        .expect("draft");
+    writer.save(remote.url()).await.expect("save");
+    let LoadOutcome::Loaded(loaded) = reader.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert!(
+        loaded.bytes_read < 16 * 1024,
+        "read {} bytes",
+        loaded.bytes_read
+    );
+    assert_eq!(show_refs(reader.mirror()), show_refs(&up));
+    fsck(reader.mirror());
+
+    // a fresh reader resolves the base too
+    let fresh = Snapshots::new(store.clone(), KEY, root.path().join("f")).expect("f");
+    fresh.load().await.expect("load");
+    assert_eq!(show_refs(fresh.mirror()), show_refs(&up));
 }
