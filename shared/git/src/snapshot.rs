@@ -320,6 +320,16 @@ pub struct Snapshots<S> {
     store: S,
     key: String,
     mirror: PathBuf,
+    /// The local state and the last base ref map, kept in memory as well as
+    /// in the mirror, so a warm process does not re-read megabytes of JSON
+    /// per operation. One `Snapshots` per mirror directory at a time.
+    memory: std::sync::Mutex<Memory>,
+}
+
+#[derive(Debug, Default)]
+struct Memory {
+    state: Option<LocalState>,
+    base: Option<(String, std::sync::Arc<BTreeMap<String, ObjectId>>)>,
 }
 
 impl<S: ObjectStore> Snapshots<S> {
@@ -336,6 +346,7 @@ impl<S: ObjectStore> Snapshots<S> {
             store,
             key: key.trim_end_matches('/').to_owned(),
             mirror,
+            memory: std::sync::Mutex::new(Memory::default()),
         })
     }
 
@@ -367,12 +378,25 @@ impl<S: ObjectStore> Snapshots<S> {
         move |source| SnapshotError::Io { step, path, source }
     }
 
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        // a panic while holding the lock leaves plain data: use it
+        self.memory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn read_state(&self) -> Option<LocalState> {
+        if let Some(state) = &self.memory().state {
+            return Some(state.clone());
+        }
         let bytes = std::fs::read(self.mirror.join(STATE_FILE)).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        let state: LocalState = serde_json::from_slice(&bytes).ok()?;
+        self.memory().state = Some(state.clone());
+        Some(state)
     }
 
     fn write_state(&self, state: &LocalState) -> Result<(), SnapshotError> {
+        self.memory().state = Some(state.clone());
         let path = self.mirror.join(STATE_FILE);
         let tmp = self.mirror.join(format!(".{STATE_FILE}.tmp"));
         let body = serde_json::to_vec(state).map_err(|e| self.corrupt(e.to_string()))?;
@@ -518,10 +542,16 @@ impl<S: ObjectStore> Snapshots<S> {
         &self,
         id: &str,
     ) -> Result<(BTreeMap<String, ObjectId>, u64), SnapshotError> {
+        if let Some((cached, map)) = &self.memory().base
+            && cached == id
+        {
+            return Ok((map.as_ref().clone(), 0));
+        }
         let local = self.local_base(id);
         if let Ok(bytes) = std::fs::read(&local)
             && let Ok(map) = decode_base(id, &bytes)
         {
+            self.memory().base = Some((id.to_owned(), std::sync::Arc::new(map.clone())));
             return Ok((map, 0));
         }
         let object = self
@@ -530,6 +560,7 @@ impl<S: ObjectStore> Snapshots<S> {
             .await?
             .ok_or_else(|| self.corrupt(format!("ref base {id} is missing")))?;
         let map = decode_base(id, &object.body).map_err(|r| self.corrupt(r))?;
+        self.memory().base = Some((id.to_owned(), std::sync::Arc::new(map.clone())));
         let tmp = self.mirror.join(format!(".porch-refs-{id}.tmp"));
         std::fs::write(&tmp, &object.body).map_err(Self::io("write", &tmp))?;
         std::fs::rename(&tmp, &local).map_err(Self::io("rename", &local))?;
@@ -589,6 +620,7 @@ impl<S: ObjectStore> Snapshots<S> {
         let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
         let local = self.local_base(&id);
         std::fs::write(&local, &body).map_err(Self::io("write", &local))?;
+        self.memory().base = Some((id.clone(), std::sync::Arc::new(refs.clone())));
         match self
             .store
             .put(&self.base_key(&id), body, PutCondition::IfAbsent)
@@ -927,6 +959,7 @@ impl<S: ObjectStore> Snapshots<S> {
     pub async fn rebuild<R: Remote>(&self, remote: &R) -> Result<Saved, SnapshotError> {
         let state_file = self.mirror.join(STATE_FILE);
         let _ = std::fs::remove_file(&state_file);
+        self.memory().state = None;
         remote.fetch(&self.mirror).await?;
         // start from whatever manifest exists (even a corrupt one) so the
         // conditional put replaces it instead of failing forever
