@@ -350,6 +350,33 @@ fn served(two_commits: bool, deny_non_fast_forwards: bool) -> Served {
     }
 }
 
+/// A commit of `tree` on `parent` in the mirror.
+fn commit_on(mirror: &GitRepo, tree: gix::ObjectId, parent: gix::ObjectId) -> gix::ObjectId {
+    let who = Identity::of_user("a@b.c");
+    mirror
+        .commit(tree, &[parent], "change", &who, &who, 1)
+        .expect("commit")
+}
+
+/// Pushes one compare-and-swap update of `refs/heads/main`.
+async fn push_main(
+    remote: &SmartRemote,
+    mirror_dir: &Path,
+    expected: Option<gix::ObjectId>,
+    new: Option<gix::ObjectId>,
+) -> Result<(), RemoteError> {
+    remote
+        .push(
+            mirror_dir,
+            &[RefUpdate {
+                name: "refs/heads/main".into(),
+                expected,
+                new,
+            }],
+        )
+        .await
+}
+
 /// A push whose expected old id is stale is refused before any pack is sent.
 #[tokio::test]
 async fn stale_expected_id_is_a_conflict() {
@@ -366,40 +393,15 @@ async fn stale_expected_id_is_a_conflict() {
     git_commit_files(&upstream, "main", &[("a/x", "moved\n")], "someone else");
     let before = show_refs(&upstream);
     let tree = mirror.write_files(&files("2")).expect("tree");
-    let mine = mirror
-        .commit(
-            tree,
-            &[main],
-            "mine",
-            &Identity::of_user("a@b.c"),
-            &Identity::of_user("a@b.c"),
-            1,
-        )
-        .expect("commit");
-    let err = remote
-        .push(
-            &mirror_dir,
-            &[RefUpdate {
-                name: "refs/heads/main".into(),
-                expected: Some(main),
-                new: Some(mine),
-            }],
-        )
+    let mine = commit_on(&mirror, tree, main);
+    let err = push_main(&remote, &mirror_dir, Some(main), Some(mine))
         .await
         .expect_err("stale");
     assert!(err.is_conflict(), "{err}");
     assert!(!err.is_transient());
     assert_eq!(show_refs(&upstream), before, "nothing changed upstream");
     // creating a ref that exists is a conflict too
-    let err = remote
-        .push(
-            &mirror_dir,
-            &[RefUpdate {
-                name: "refs/heads/main".into(),
-                expected: None,
-                new: Some(mine),
-            }],
-        )
+    let err = push_main(&remote, &mirror_dir, None, Some(mine))
         .await
         .expect_err("exists");
     assert!(
@@ -423,15 +425,7 @@ async fn server_rejections_are_typed() {
     let refs = remote.fetch(&mirror_dir).await.expect("fetch");
     let main = refs["refs/heads/main"];
     let parent = mirror.first_parents(main, 2).expect("history")[1];
-    let err = remote
-        .push(
-            &mirror_dir,
-            &[RefUpdate {
-                name: "refs/heads/main".into(),
-                expected: Some(main),
-                new: Some(parent),
-            }],
-        )
+    let err = push_main(&remote, &mirror_dir, Some(main), Some(parent))
         .await
         .expect_err("non-fast-forward");
     assert!(
@@ -446,25 +440,8 @@ async fn server_rejections_are_typed() {
     chmod.arg("+x").arg(&hook);
     crate::support::run(chmod);
     let tree = mirror.write_files(&files("3")).expect("tree");
-    let next = mirror
-        .commit(
-            tree,
-            &[main],
-            "three",
-            &Identity::of_user("a@b.c"),
-            &Identity::of_user("a@b.c"),
-            1,
-        )
-        .expect("commit");
-    let err = remote
-        .push(
-            &mirror_dir,
-            &[RefUpdate {
-                name: "refs/heads/main".into(),
-                expected: Some(main),
-                new: Some(next),
-            }],
-        )
+    let next = commit_on(&mirror, tree, main);
+    let err = push_main(&remote, &mirror_dir, Some(main), Some(next))
         .await
         .expect_err("hook declines");
     assert!(
