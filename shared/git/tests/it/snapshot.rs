@@ -81,6 +81,11 @@ fn draft(
     }
 }
 
+/// A mirror at `dir` of the local upstream `up`.
+fn mirror_of(dir: &Path, up: &Path) -> Mirror<LocalRemote> {
+    Mirror::new(dir, LocalRemote::new(up), RetryPolicy::default()).expect("mirror")
+}
+
 async fn save_and_load_between_mirrors<S: ObjectStore + Clone>(store: S) {
     let root = tempfile::tempdir().expect("tempdir");
     let up = upstream(root.path());
@@ -110,8 +115,7 @@ async fn save_and_load_between_mirrors<S: ObjectStore + Clone>(store: S) {
     assert_eq!((again.bytes_read, again.packs_downloaded), (0, 0));
 
     // a change through a: b downloads one small pack
-    let mirror =
-        Mirror::new(a.mirror(), LocalRemote::new(&up), RetryPolicy::default()).expect("mirror");
+    let mirror = mirror_of(a.mirror(), &up);
     mirror.apply(draft("ws1", "u1")).await.expect("draft");
     let saved = a.save(remote.url()).await.expect("save");
     assert!(saved.pack.is_some());
@@ -221,12 +225,7 @@ async fn packs_are_compacted_and_loads_still_work() {
     let remote = LocalRemote::new(&up);
     let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
     writer.prepare(&remote).await.expect("rebuild");
-    let mirror = Mirror::new(
-        writer.mirror(),
-        LocalRemote::new(&up),
-        RetryPolicy::default(),
-    )
-    .expect("mirror");
+    let mirror = mirror_of(writer.mirror(), &up);
     let mut compacted = false;
     for i in 0..=COMPACT_AT {
         mirror
@@ -315,12 +314,7 @@ async fn killed_between_push_and_manifest_converges() {
     let remote = LocalRemote::new(&up);
     let first = Snapshots::new(store.clone(), KEY, root.path().join("first")).expect("first");
     first.prepare(&remote).await.expect("rebuild");
-    let mirror = Mirror::new(
-        first.mirror(),
-        LocalRemote::new(&up),
-        RetryPolicy::default(),
-    )
-    .expect("mirror");
+    let mirror = mirror_of(first.mirror(), &up);
     mirror.apply(draft("lost", "u-lost")).await.expect("pushed");
     // ...killed here: no save
 
@@ -330,8 +324,7 @@ async fn killed_between_push_and_manifest_converges() {
         !show_refs(next.mirror()).contains_key("refs/heads/drafts/c/lost"),
         "snapshot is behind"
     );
-    let mirror =
-        Mirror::new(next.mirror(), LocalRemote::new(&up), RetryPolicy::default()).expect("mirror");
+    let mirror = mirror_of(next.mirror(), &up);
     // the same invocation delivered again: recognised, nothing pushed twice
     let again = mirror.apply(draft("lost", "u-lost")).await.expect("again");
     assert!(again.updates.is_empty());
@@ -485,12 +478,7 @@ async fn many_refs_live_in_a_base_and_saves_write_only_changes() {
     assert!(first_size < 4096, "manifest of {first_size} bytes");
 
     // one more draft: the manifest lists one changed ref on the same base
-    let mirror = Mirror::new(
-        writer.mirror(),
-        LocalRemote::new(&up),
-        RetryPolicy::default(),
-    )
-    .expect("mirror");
+    let mirror = mirror_of(writer.mirror(), &up);
     mirror.apply(draft("more", "u-more")).await.expect("draft");
     writer.save(remote.url()).await.expect("save");
     let (second, _) = manifest().await;
