@@ -2,7 +2,7 @@
 //! git CLI the way Porch writes one is discovered correctly, and one we
 //! wrote, cloned fresh with the git CLI, is discovered identically.
 
-use crate::support::{bare_upstream, git_command, git_commit_files, http_server, run};
+use crate::support::{git_command, http_server, run, upstream_with_main};
 use porch_api::Lifecycle;
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_git::discovery::discover;
@@ -98,13 +98,7 @@ fn a_repository_porch_wrote_is_discovered() {
 #[tokio::test]
 async fn a_repository_we_wrote_reads_the_same_after_a_git_clone() {
     let root = tempfile::tempdir().expect("tempdir");
-    let upstream = bare_upstream(root.path(), "repo");
-    git_commit_files(
-        &upstream,
-        "main",
-        &[("README.md", "Created by porch\n")],
-        "Initial commit: Creating main branch",
-    );
+    upstream_with_main(root.path());
     let server = http_server(root.path(), None);
     let url = format!("http://127.0.0.1:{}/repo.git", server.port);
     let remote = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");

@@ -2,7 +2,9 @@
 //! behind a small HTTP server, `git daemon` with receive-pack, and a local
 //! bare repository; results checked with the git CLI.
 
-use crate::support::{bare_upstream, files, git, git_commit_files, git_daemon, http_server};
+use crate::support::{
+    bare_upstream, files, git, git_commit_files, git_daemon, http_server, upstream_with_main,
+};
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_git::identity::Identity;
 use porch_git::layout::RepoLayout;
@@ -158,13 +160,7 @@ async fn lifecycle_through<R: Remote>(remote: R, upstream: &Path) {
 #[tokio::test]
 async fn lifecycle_over_smart_http() {
     let root = tempfile::tempdir().expect("tempdir");
-    let upstream = bare_upstream(root.path(), "repo");
-    git_commit_files(
-        &upstream,
-        "main",
-        &[("README.md", "Created by porch\n")],
-        "Initial commit",
-    );
+    let upstream = upstream_with_main(root.path());
     let server = http_server(root.path(), None);
     let url = format!("http://127.0.0.1:{}/repo.git", server.port);
     let remote = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
@@ -174,13 +170,7 @@ async fn lifecycle_over_smart_http() {
 #[tokio::test]
 async fn lifecycle_over_git_daemon() {
     let root = tempfile::tempdir().expect("tempdir");
-    let upstream = bare_upstream(root.path(), "repo");
-    git_commit_files(
-        &upstream,
-        "main",
-        &[("README.md", "Created by porch\n")],
-        "Initial commit",
-    );
+    let upstream = upstream_with_main(root.path());
     let server = git_daemon(root.path());
     let url = format!("git://127.0.0.1:{}/repo.git", server.port);
     let remote = SmartRemote::new(&url, RemoteOptions::default()).expect("remote");
@@ -190,13 +180,7 @@ async fn lifecycle_over_git_daemon() {
 #[tokio::test]
 async fn lifecycle_on_a_local_bare_repository() {
     let root = tempfile::tempdir().expect("tempdir");
-    let upstream = bare_upstream(root.path(), "repo");
-    git_commit_files(
-        &upstream,
-        "main",
-        &[("README.md", "Created by porch\n")],
-        "Initial commit",
-    );
+    let upstream = upstream_with_main(root.path());
     lifecycle_through(LocalRemote::new(&upstream), &upstream).await;
 }
 

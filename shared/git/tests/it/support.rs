@@ -259,3 +259,16 @@ pub(crate) fn files(version: &str) -> porch_git::repo::Files {
         ),
     ])
 }
+
+/// A bare repository `repo.git` under `root` with a README on `main`, as
+/// Porch creates a branch.
+pub(crate) fn upstream_with_main(root: &Path) -> std::path::PathBuf {
+    let upstream = bare_upstream(root, "repo");
+    git_commit_files(
+        &upstream,
+        "main",
+        &[("README.md", "Created by porch\n")],
+        "Initial commit: Creating main branch",
+    );
+    upstream
+}
