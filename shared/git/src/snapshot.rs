@@ -822,6 +822,10 @@ impl<S: ObjectStore> Snapshots<S> {
                 };
             }
             bytes_written += self.set_refs(&mut manifest, &refs).await?;
+            let base = manifest.base.clone();
+            manifest
+                .retired_bases
+                .retain(|r| Some(&r.pack) != base.as_ref());
             if let Some((pack, _)) = &uploaded
                 && !manifest.packs.contains(pack)
             {
@@ -964,6 +968,15 @@ impl<S: ObjectStore> Snapshots<S> {
         // start from whatever manifest exists (even a corrupt one) so the
         // conditional put replaces it instead of failing forever
         if let Some(object) = self.store.get(&self.manifest_key()).await? {
+            let old = Manifest::decode(&object.body).ok();
+            let since = now();
+            let retire = |names: Vec<String>, earlier: Vec<RetiredPack>| -> Vec<RetiredPack> {
+                names
+                    .into_iter()
+                    .map(|pack| RetiredPack { pack, since })
+                    .chain(earlier)
+                    .collect()
+            };
             let manifest = Manifest {
                 format: FORMAT,
                 remote: remote.url().to_owned(),
@@ -971,17 +984,14 @@ impl<S: ObjectStore> Snapshots<S> {
                 base: None,
                 refs: BTreeMap::new(),
                 deleted: Vec::new(),
-                retired_bases: Vec::new(),
                 packs: Vec::new(),
-                retired: Manifest::decode(&object.body)
-                    .map(|m| {
-                        let since = now();
-                        m.packs
-                            .into_iter()
-                            .map(|pack| RetiredPack { pack, since })
-                            .chain(m.retired)
-                            .collect()
-                    })
+                // everything the old manifest used goes after the grace period
+                retired: old
+                    .as_ref()
+                    .map(|m| retire(m.packs.clone(), m.retired.clone()))
+                    .unwrap_or_default(),
+                retired_bases: old
+                    .map(|m| retire(m.base.into_iter().collect(), m.retired_bases))
                     .unwrap_or_default(),
             };
             self.write_state(&LocalState {

@@ -511,4 +511,26 @@ async fn many_refs_live_in_a_base_and_saves_write_only_changes() {
     let fresh = Snapshots::new(store.clone(), KEY, root.path().join("f")).expect("f");
     fresh.load().await.expect("load");
     assert_eq!(show_refs(fresh.mirror()), show_refs(&up));
+
+    // a rebuild (here: a damaged base) retires the old base and packs
+    let (before, _) = manifest().await;
+    let old_base = before.base.clone().expect("base");
+    store
+        .put(
+            &format!("{KEY}/refs/{old_base}.json"),
+            b"{}".to_vec(),
+            PutCondition::Always,
+        )
+        .await
+        .expect("damage");
+    git(&up, &["tag", "extra/v1", "main"]);
+    let cold = Snapshots::new(store.clone(), KEY, root.path().join("c")).expect("c");
+    assert!(matches!(
+        cold.prepare(&remote).await.expect("prepare"),
+        Prepared::Rebuilt(_)
+    ));
+    let (after, _) = manifest().await;
+    assert_ne!(after.base, before.base);
+    assert!(after.retired_bases.iter().any(|r| r.pack == old_base));
+    assert_eq!(show_refs(cold.mirror()), show_refs(&up));
 }
