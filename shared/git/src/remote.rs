@@ -400,7 +400,12 @@ struct Session {
 }
 
 enum Conn {
-    Http { service: Service },
+    /// `base`: the repository URL the advertisement finally came from (after
+    /// a same-host redirect), where the request goes too.
+    Http {
+        service: Service,
+        base: reqwest::Url,
+    },
     Daemon(tokio::net::TcpStream),
 }
 
@@ -555,9 +560,20 @@ impl SmartRemote {
                     .map_err(|e| self.protocol(ProtocolError::Remote(e.to_string())))?;
                 url.set_query(Some(&format!("service={}", service.name())));
                 let response = self.authorize(client.get(url)).send().await;
+                let final_base = response
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| redirected_base(base, r.url()))
+                    .unwrap_or_else(|| base.clone());
                 let expected = format!("application/x-{}-advertisement", service.name());
                 let body = self.http_body(response, &expected, limit).await?;
-                (body, Conn::Http { service })
+                (
+                    body,
+                    Conn::Http {
+                        service,
+                        base: final_base,
+                    },
+                )
             }
             Endpoint::Daemon { host, port, path } => {
                 let mut stream = tokio::time::timeout(
@@ -645,7 +661,7 @@ impl SmartRemote {
         limit: usize,
     ) -> Result<Vec<u8>, RemoteError> {
         match (session.conn, &self.endpoint) {
-            (Conn::Http { service }, Endpoint::Http { base, client }) => {
+            (Conn::Http { service, base }, Endpoint::Http { client, .. }) => {
                 let url = base
                     .join(service.name())
                     .map_err(|e| self.protocol(ProtocolError::Remote(e.to_string())))?;
@@ -715,7 +731,29 @@ impl SmartRemote {
     /// The pack in an upload-pack answer: acknowledgements first, then the
     /// side-band stream.
     fn pack_from_answer(&self, answer: &[u8]) -> Result<Vec<u8>, RemoteError> {
-        let packets = pktline::split_all(answer).map_err(|e| self.protocol(e))?;
+        // a server without side-band sends the pack raw after the
+        // acknowledgements
+        let mut rest = answer;
+        while let Some(head) = rest.get(..4) {
+            if head == b"PACK" {
+                return Ok(rest.to_vec());
+            }
+            let len = std::str::from_utf8(head)
+                .ok()
+                .and_then(|h| usize::from_str_radix(h, 16).ok());
+            match len {
+                Some(len) if len > 4 && len <= rest.len() => {
+                    let data = &rest[4..len];
+                    if data.starts_with(b"NAK") || data.starts_with(b"ACK ") {
+                        rest = &rest[len..];
+                        continue;
+                    }
+                    break;
+                }
+                _ => break,
+            }
+        }
+        let packets = pktline::split_all(rest).map_err(|e| self.protocol(e))?;
         let mut pack = Vec::new();
         for packet in packets {
             let Packet::Data(data) = packet else { continue };
@@ -969,6 +1007,26 @@ impl Remote for SmartRemote {
             })
         }
     }
+}
+
+/// The repository base a redirected advertisement request ended at, when
+/// it stayed on the same host and port (or only moved from http to https):
+/// the request follows it, as git does, and credentials never go elsewhere.
+fn redirected_base(base: &reqwest::Url, landed: &reqwest::Url) -> Option<reqwest::Url> {
+    if landed.host_str() != base.host_str() {
+        return None;
+    }
+    let same_scheme = landed.scheme() == base.scheme()
+        && landed.port_or_known_default() == base.port_or_known_default();
+    let upgraded = base.scheme() == "http" && landed.scheme() == "https";
+    if !(same_scheme || upgraded) {
+        return None;
+    }
+    let path = landed.path().strip_suffix("info/refs")?;
+    let mut out = landed.clone();
+    out.set_query(None);
+    out.set_path(path);
+    (out != *base).then_some(out)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -1030,3 +1030,122 @@ async fn a_whole_repository_with_annotated_tags_is_pushed() {
     assert_eq!(show_refs(&target), show_refs(&source));
     fsck(&target);
 }
+
+/// A repository that moved on the same host (the advertisement request is
+/// redirected): the push follows it, as git does.
+#[tokio::test]
+async fn a_redirect_on_the_same_host_is_followed() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/old.git/info/refs"))
+        .respond_with(ResponseTemplate::new(301).insert_header(
+            "location",
+            format!(
+                "{}/new.git/info/refs?service=git-receive-pack",
+                server.uri()
+            ),
+        ))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/new.git/info/refs"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header(
+                    "content-type",
+                    "application/x-git-receive-pack-advertisement",
+                )
+                .set_body_bytes(empty_receive_pack_advertisement()),
+        )
+        .mount(&server)
+        .await;
+    let mut report = Vec::new();
+    report.extend(pkt(b"unpack ok\n"));
+    report.extend(pkt(b"ok refs/heads/x\n"));
+    report.extend_from_slice(b"0000");
+    let mut band = vec![1u8];
+    band.extend(report);
+    let mut answer = pkt(&band);
+    answer.extend_from_slice(b"0000");
+    Mock::given(method("POST"))
+        .and(path("/new.git/git-receive-pack"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "application/x-git-receive-pack-result")
+                .set_body_bytes(answer),
+        )
+        .expect(1)
+        .mount(&server)
+        .await;
+    let remote = SmartRemote::new(
+        &format!("{}/old.git", server.uri()),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let (mirror, update) = one_commit_mirror();
+    remote
+        .push(mirror.path(), &[update])
+        .await
+        .expect("push through the redirect");
+}
+
+/// A server that offers no side-band sends the pack raw after its NAK:
+/// fetched all the same.
+#[tokio::test]
+async fn fetch_without_side_band() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let source_dir = tempfile::tempdir().expect("tempdir");
+    let source = GitRepo::init_bare(source_dir.path()).expect("init");
+    let tree = source.write_files(&files("1")).expect("tree");
+    let who = Identity::of_user("a@b.c");
+    let tip = source
+        .commit(tree, &[], "one", &who, &who, 1)
+        .expect("commit");
+    let ids = source.missing_objects(&[tip], &[]).expect("objects");
+    let pack = source.write_pack(&ids).expect("pack");
+
+    let server = MockServer::start().await;
+    let mut advertisement = pkt(b"# service=git-upload-pack\n");
+    advertisement.extend_from_slice(b"0000");
+    advertisement.extend(pkt(format!("{tip} HEAD\0ofs-delta agent=old\n").as_bytes()));
+    advertisement.extend(pkt(format!("{tip} refs/heads/main\n").as_bytes()));
+    advertisement.extend_from_slice(b"0000");
+    Mock::given(method("GET"))
+        .and(path("/repo.git/info/refs"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header(
+                    "content-type",
+                    "application/x-git-upload-pack-advertisement",
+                )
+                .set_body_bytes(advertisement),
+        )
+        .mount(&server)
+        .await;
+    let mut answer = pkt(b"NAK\n");
+    answer.extend_from_slice(&pack.bytes);
+    Mock::given(method("POST"))
+        .and(path("/repo.git/git-upload-pack"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "application/x-git-upload-pack-result")
+                .set_body_bytes(answer),
+        )
+        .mount(&server)
+        .await;
+    let remote = SmartRemote::new(
+        &format!("{}/repo.git", server.uri()),
+        RemoteOptions::default(),
+    )
+    .expect("remote");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    GitRepo::init_bare(tmp.path()).expect("init");
+    let refs = remote.fetch(tmp.path()).await.expect("fetch");
+    assert_eq!(refs["refs/heads/main"], tip);
+    let mirror = GitRepo::open(tmp.path()).expect("open");
+    assert_eq!(mirror.read_files(tip, "").expect("files"), files("1"));
+    fsck(tmp.path());
+}
