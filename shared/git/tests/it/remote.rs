@@ -30,6 +30,24 @@ fn init_task() -> Task {
     }
 }
 
+/// The operation creating draft `workspace` of `package` for PackageRevision `uid`.
+fn create_draft(
+    package: &'static str,
+    workspace: &'static str,
+    uid: &'static str,
+) -> impl Fn(&GitRepo) -> Result<gix::ObjectId, porch_git::operations::OperationError>
++ Send
++ Sync
++ 'static {
+    move |repo| {
+        Packages {
+            repo,
+            layout: RepoLayout::new("", "main"),
+        }
+        .create_draft(package, workspace, &files("1"), init_task(), &actor(uid))
+    }
+}
+
 /// `git show-ref` of a repository as a map.
 fn show_refs(dir: &Path) -> BTreeMap<String, String> {
     git(dir, &["for-each-ref", "--format=%(refname) %(objectname)"])
@@ -198,13 +216,7 @@ async fn empty_remote_is_fetched_and_pushed_to() {
     let mirror = Mirror::new(tmp.path().join("m"), remote, fast_retries()).expect("mirror");
     assert!(mirror.fetch().await.expect("fetch").is_empty());
     let applied = mirror
-        .apply(|repo| {
-            Packages {
-                repo,
-                layout: RepoLayout::new("", "main"),
-            }
-            .create_draft("a/b", "ws", &files("1"), init_task(), &actor("u"))
-        })
+        .apply(create_draft("a/b", "ws", "u"))
         .await
         .expect("draft");
     assert_eq!(
@@ -488,13 +500,7 @@ async fn server_errors_are_transient_and_retried() {
     // two failures, then success: the draft lands once
     std::fs::write(root.path().join(".fail-receive-pack"), "2").expect("fault");
     let applied = mirror
-        .apply(|repo| {
-            Packages {
-                repo,
-                layout: RepoLayout::new("", "main"),
-            }
-            .create_draft("p", "ws", &files("1"), init_task(), &actor("u"))
-        })
+        .apply(create_draft("p", "ws", "u"))
         .await
         .expect("draft after retries");
     assert_eq!(applied.attempts, 3);
@@ -506,13 +512,7 @@ async fn server_errors_are_transient_and_retried() {
     std::fs::write(root.path().join(".fail-receive-pack"), "10").expect("fault");
     let before = show_refs(&upstream);
     let err = mirror
-        .apply(|repo| {
-            Packages {
-                repo,
-                layout: RepoLayout::new("", "main"),
-            }
-            .create_draft("q", "ws", &files("1"), init_task(), &actor("u2"))
-        })
+        .apply(create_draft("q", "ws", "u2"))
         .await
         .expect_err("gives up");
     assert!(err.to_string().contains("HTTP 500"), "{err}");
@@ -709,13 +709,7 @@ async fn https_with_a_custom_ca_bundle() {
     .expect("remote");
     let mirror = Mirror::new(&mirror_dir, remote, fast_retries()).expect("mirror");
     let applied = mirror
-        .apply(|repo| {
-            Packages {
-                repo,
-                layout: RepoLayout::new("", "main"),
-            }
-            .create_draft("p", "ws", &files("1"), init_task(), &actor("u"))
-        })
+        .apply(create_draft("p", "ws", "u"))
         .await
         .expect("draft over https");
     assert_eq!(

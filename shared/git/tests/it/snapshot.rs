@@ -81,6 +81,25 @@ fn draft(
     }
 }
 
+/// A store, the local upstream, a remote for it, and a snapshot prepared
+/// from it in the mirror `name`.
+async fn prepared(
+    root: &Path,
+    name: &str,
+) -> (
+    LocalDirStore,
+    std::path::PathBuf,
+    LocalRemote,
+    Snapshots<LocalDirStore>,
+) {
+    let store = LocalDirStore::new(root.join("store"));
+    let up = upstream(root);
+    let remote = LocalRemote::new(&up);
+    let snapshots = Snapshots::new(store.clone(), KEY, root.join(name)).expect("snapshots");
+    snapshots.prepare(&remote).await.expect("rebuild");
+    (store, up, remote, snapshots)
+}
+
 /// A mirror at `dir` of the local upstream `up`.
 fn mirror_of(dir: &Path, up: &Path) -> Mirror<LocalRemote> {
     Mirror::new(dir, LocalRemote::new(up), RetryPolicy::default()).expect("mirror")
@@ -220,11 +239,7 @@ async fn concurrent_savers_on_s3() {
 #[tokio::test]
 async fn packs_are_compacted_and_loads_still_work() {
     let root = tempfile::tempdir().expect("tempdir");
-    let store = LocalDirStore::new(root.path().join("store"));
-    let up = upstream(root.path());
-    let remote = LocalRemote::new(&up);
-    let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
-    writer.prepare(&remote).await.expect("rebuild");
+    let (store, up, remote, writer) = prepared(root.path(), "w").await;
     let mirror = mirror_of(writer.mirror(), &up);
     let mut compacted = false;
     for i in 0..=COMPACT_AT {
@@ -255,11 +270,7 @@ async fn packs_are_compacted_and_loads_still_work() {
 #[tokio::test]
 async fn a_corrupt_snapshot_is_rebuilt_from_the_remote() {
     let root = tempfile::tempdir().expect("tempdir");
-    let store = LocalDirStore::new(root.path().join("store"));
-    let up = upstream(root.path());
-    let remote = LocalRemote::new(&up);
-    let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
-    writer.prepare(&remote).await.expect("rebuild");
+    let (store, up, remote, writer) = prepared(root.path(), "w").await;
 
     // a damaged pack: detected by its checksum, then rebuilt
     let packs = writer.stored_packs().await.expect("packs");
@@ -309,11 +320,7 @@ async fn a_corrupt_snapshot_is_rebuilt_from_the_remote() {
 #[tokio::test]
 async fn killed_between_push_and_manifest_converges() {
     let root = tempfile::tempdir().expect("tempdir");
-    let store = LocalDirStore::new(root.path().join("store"));
-    let up = upstream(root.path());
-    let remote = LocalRemote::new(&up);
-    let first = Snapshots::new(store.clone(), KEY, root.path().join("first")).expect("first");
-    first.prepare(&remote).await.expect("rebuild");
+    let (store, up, remote, first) = prepared(root.path(), "first").await;
     let mirror = mirror_of(first.mirror(), &up);
     mirror.apply(draft("lost", "u-lost")).await.expect("pushed");
     // ...killed here: no save
