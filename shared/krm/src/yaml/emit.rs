@@ -1,0 +1,665 @@
+//! [`Node`] trees to text, formatted as kpt formats package files: two-space
+//! indentation, no line wrapping, sequences compact or wide per document,
+//! scalar styles kept unless the value cannot be written in them, folded
+//! scalars written double-quoted, comments on their nodes, blank lines gone.
+
+use super::node::{Node, STR_TAG, Style, Value};
+use super::resolve::{is_base60_float, is_old_bool, resolve_plain};
+
+/// How block sequences are indented under their key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SeqIndent {
+    /// `- x` at the key's indentation.
+    #[default]
+    Compact,
+    /// `- x` two spaces deeper than the key.
+    Wide,
+}
+
+impl SeqIndent {
+    /// The value of kpt's `internal.config.kubernetes.io/seqindent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeqIndent::Compact => "compact",
+            SeqIndent::Wide => "wide",
+        }
+    }
+
+    pub fn from_annotation(value: &str) -> Self {
+        if value == "wide" {
+            SeqIndent::Wide
+        } else {
+            SeqIndent::Compact
+        }
+    }
+
+    /// The style of a document's text: that of its first block sequence
+    /// under a key (compact when there is none), as kyaml derives it.
+    pub fn derive(text: &str) -> Self {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate().skip(1) {
+            let trimmed = line.trim_start_matches(' ');
+            if !(trimmed.starts_with("- ") || trimmed == "-") {
+                continue;
+            }
+            let prev = lines[i - 1];
+            let prev_trimmed = prev.trim_start_matches(' ');
+            let key_part = prev_trimmed.split(" #").next().unwrap_or("").trim_end();
+            if !key_part.ends_with(':') {
+                continue;
+            }
+            let indent = line.len() - trimmed.len();
+            let prev_indent = prev.len() - prev_trimmed.len();
+            if indent == prev_indent + 2 {
+                return SeqIndent::Wide;
+            }
+            return SeqIndent::Compact;
+        }
+        SeqIndent::Compact
+    }
+}
+
+/// Writes one document (without a `---` separator).
+pub fn emit_document(root: &Node, seq: SeqIndent) -> String {
+    let mut e = Emitter {
+        out: String::new(),
+        seq,
+    };
+    e.comments(&root.head_comment, 0);
+    match &root.value {
+        Value::Mapping(entries) if !entries.is_empty() && root.style != Style::Flow => {
+            e.properties_line(root);
+            e.mapping(entries, 0, false);
+        }
+        Value::Sequence(items) if !items.is_empty() && root.style != Style::Flow => {
+            e.properties_line(root);
+            e.sequence(items, 0, false);
+        }
+        _ => {
+            let text = e.inline(root, 0, false);
+            e.out.push_str(&text);
+            e.line_comment(root.line_comment.as_deref());
+            e.out.push('\n');
+        }
+    }
+    e.comments(&root.foot_comment, 0);
+    e.out
+}
+
+/// Writes documents separated by `---` lines.
+pub fn emit_documents<'a>(docs: impl IntoIterator<Item = (&'a Node, SeqIndent)>) -> String {
+    let mut out = String::new();
+    for (i, (node, seq)) in docs.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&emit_document(node, seq));
+    }
+    out
+}
+
+struct Emitter {
+    out: String,
+    seq: SeqIndent,
+}
+
+fn pad(out: &mut String, n: usize) {
+    out.extend(std::iter::repeat_n(' ', n));
+}
+
+fn is_block_collection(node: &Node) -> bool {
+    node.style != Style::Flow
+        && match &node.value {
+            Value::Mapping(m) => !m.is_empty(),
+            Value::Sequence(s) => !s.is_empty(),
+            _ => false,
+        }
+}
+
+impl Emitter {
+    fn comments(&mut self, lines: &[String], indent: usize) {
+        for line in lines {
+            if line.is_empty() {
+                self.out.push('\n');
+                continue;
+            }
+            pad(&mut self.out, indent);
+            self.out.push_str(line);
+            self.out.push('\n');
+        }
+    }
+
+    fn line_comment(&mut self, comment: Option<&str>) {
+        if let Some(c) = comment {
+            self.out.push(' ');
+            self.out.push_str(c);
+        }
+    }
+
+    /// Anchor and tag of a block collection at the start of its line.
+    fn properties_line(&mut self, node: &Node) {
+        let props = properties(node);
+        if !props.is_empty() {
+            self.out.push_str(&props);
+            self.out.push('\n');
+        }
+    }
+
+    fn mapping(&mut self, entries: &[(Node, Node)], indent: usize, inline_first: bool) {
+        for (i, (key, value)) in entries.iter().enumerate() {
+            if !(inline_first && i == 0) {
+                self.comments(&key.head_comment, indent);
+                pad(&mut self.out, indent);
+            }
+            if needs_complex_key(key) {
+                self.out.push('?');
+                self.value(key, &Node::null(), indent, indent + 2);
+                pad(&mut self.out, indent);
+                self.out.push(':');
+                self.value(value, &Node::null(), indent, indent + 2);
+            } else {
+                let key_text = self.inline(key, indent, true);
+                self.out.push_str(&key_text);
+                self.out.push(':');
+                self.value(value, key, indent, indent + 2);
+            }
+            self.comments(&key.foot_comment, indent);
+            self.comments(&value.foot_comment, indent);
+        }
+    }
+
+    /// A mapping value or sequence item after its `key:` / `-`.
+    fn value(&mut self, value: &Node, key: &Node, indent: usize, content_indent: usize) {
+        if is_block_collection(value) {
+            let props = properties(value);
+            if !props.is_empty() {
+                self.out.push(' ');
+                self.out.push_str(&props);
+            }
+            self.line_comment(
+                key.line_comment
+                    .as_deref()
+                    .or(value.line_comment.as_deref()),
+            );
+            self.out.push('\n');
+            match &value.value {
+                Value::Mapping(entries) => {
+                    self.comments(&value.head_comment, content_indent);
+                    self.mapping(entries, content_indent, false);
+                }
+                Value::Sequence(items) => {
+                    let seq_indent = match self.seq {
+                        SeqIndent::Compact => indent,
+                        SeqIndent::Wide => indent + 2,
+                    };
+                    self.comments(&value.head_comment, seq_indent);
+                    self.sequence(items, seq_indent, false);
+                }
+                _ => {}
+            }
+            return;
+        }
+        let text = self.inline(value, content_indent, false);
+        if !text.is_empty() {
+            self.out.push(' ');
+        }
+        match text.split_once('\n') {
+            // A block scalar: the comment goes after its header.
+            Some((header, body)) if matches!(text.as_bytes().first(), Some(b'|' | b'>')) => {
+                self.out.push_str(header);
+                self.line_comment(
+                    value
+                        .line_comment
+                        .as_deref()
+                        .or(key.line_comment.as_deref()),
+                );
+                self.out.push('\n');
+                self.out.push_str(body);
+            }
+            _ => {
+                self.out.push_str(&text);
+                self.line_comment(
+                    value
+                        .line_comment
+                        .as_deref()
+                        .or(key.line_comment.as_deref()),
+                );
+                self.out.push('\n');
+            }
+        }
+    }
+
+    fn sequence(&mut self, items: &[Node], indent: usize, inline_first: bool) {
+        for (i, item) in items.iter().enumerate() {
+            if !(inline_first && i == 0) {
+                self.comments(&item.head_comment, indent);
+                pad(&mut self.out, indent);
+            }
+            self.out.push('-');
+            match &item.value {
+                Value::Mapping(entries) if is_block_collection(item) => {
+                    self.out.push(' ');
+                    let props = properties(item);
+                    if props.is_empty() {
+                        self.mapping(entries, indent + 2, true);
+                    } else {
+                        self.out.push_str(&props);
+                        self.line_comment(item.line_comment.as_deref());
+                        self.out.push('\n');
+                        self.mapping(entries, indent + 2, false);
+                    }
+                }
+                Value::Sequence(children) if is_block_collection(item) => {
+                    self.out.push(' ');
+                    self.sequence(children, indent + 2, true);
+                }
+                _ => {
+                    let empty_key = Node::null();
+                    self.value(item, &empty_key, indent, indent + 2);
+                }
+            }
+            self.comments(&item.foot_comment, indent);
+        }
+    }
+
+    /// A node on one line (scalars, aliases, flow or empty collections); block
+    /// scalars return their header, a newline and their indented body.
+    fn inline(&mut self, node: &Node, indent: usize, simple_key: bool) -> String {
+        let mut out = properties(node);
+        let body = match &node.value {
+            Value::Alias(name) => format!("*{name}"),
+            Value::Scalar(value) => scalar(node, value, indent, false, simple_key),
+            Value::Mapping(_) | Value::Sequence(_) => flow(node),
+        };
+        if !out.is_empty() && !body.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(&body);
+        out
+    }
+}
+
+/// Keys that cannot be written as `key:` (libyaml's simple key check).
+fn needs_complex_key(key: &Node) -> bool {
+    let props = properties(key).len();
+    match &key.value {
+        Value::Scalar(v) => v.contains('\n') || props + v.len() > 128,
+        Value::Alias(name) => props + name.len() > 128,
+        Value::Mapping(m) => !m.is_empty(),
+        Value::Sequence(s) => !s.is_empty(),
+    }
+}
+
+/// `&anchor !tag`, as written before a node.
+fn properties(node: &Node) -> String {
+    let mut out = String::new();
+    if let Some(anchor) = &node.anchor {
+        out.push('&');
+        out.push_str(anchor);
+    }
+    if node.explicit_tag
+        && let Some(tag) = &node.tag
+    {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(tag);
+    }
+    out
+}
+
+fn flow(node: &Node) -> String {
+    match &node.value {
+        Value::Sequence(items) => {
+            let parts: Vec<String> = items.iter().map(flow_item).collect();
+            format!("[{}]", parts.join(", "))
+        }
+        Value::Mapping(entries) => {
+            let parts: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| {
+                    let key = flow_key(k);
+                    let value = flow_item(v);
+                    if value.is_empty() {
+                        format!("{key}:")
+                    } else {
+                        format!("{key}: {value}")
+                    }
+                })
+                .collect();
+            format!("{{{}}}", parts.join(", "))
+        }
+        Value::Scalar(v) => scalar(node, v, 0, true, false),
+        Value::Alias(name) => format!("*{name}"),
+    }
+}
+
+fn with_properties(node: &Node, body: String) -> String {
+    let props = properties(node);
+    match (props.is_empty(), body.is_empty()) {
+        (true, _) => body,
+        (false, true) => props,
+        (false, false) => format!("{props} {body}"),
+    }
+}
+
+fn flow_item(node: &Node) -> String {
+    let body = match &node.value {
+        Value::Scalar(v) => scalar(node, v, 0, true, false),
+        _ => flow(node),
+    };
+    with_properties(node, body)
+}
+
+fn flow_key(node: &Node) -> String {
+    let body = match &node.value {
+        Value::Scalar(v) => scalar(node, v, 0, true, true),
+        _ => flow(node),
+    };
+    with_properties(node, body)
+}
+
+struct Analysis {
+    flow_plain: bool,
+    block_plain: bool,
+    single_quoted: bool,
+    block: bool,
+}
+
+fn is_printable(c: char) -> bool {
+    matches!(c, '\n' | '\u{85}')
+        || ('\u{20}'..='\u{7e}').contains(&c)
+        || ('\u{a0}'..='\u{d7ff}').contains(&c)
+        || (('\u{e000}'..='\u{fffd}').contains(&c) && c != '\u{feff}')
+        || c >= '\u{10000}'
+}
+
+fn is_break(c: char) -> bool {
+    matches!(c, '\r' | '\n' | '\u{85}' | '\u{2028}' | '\u{2029}')
+}
+
+fn is_blank_or_end(c: Option<char>) -> bool {
+    match c {
+        None => true,
+        Some(c) => c == ' ' || c == '\t' || is_break(c),
+    }
+}
+
+/// libyaml's scalar analysis: which styles can hold the value.
+fn analyze(value: &str) -> Analysis {
+    if value.is_empty() {
+        return Analysis {
+            flow_plain: false,
+            block_plain: true,
+            single_quoted: true,
+            block: false,
+        };
+    }
+    let mut block_indicators = false;
+    let mut flow_indicators = false;
+    if value.starts_with("---") || value.starts_with("...") {
+        block_indicators = true;
+        flow_indicators = true;
+    }
+    let (mut line_breaks, mut special) = (false, false);
+    let (mut leading_space, mut leading_break, mut trailing_space, mut trailing_break) =
+        (false, false, false, false);
+    let (mut break_space, mut space_break) = (false, false);
+    let (mut previous_space, mut previous_break) = (false, false);
+    let chars: Vec<char> = value.chars().collect();
+    let mut preceded_by_whitespace = true;
+    for (i, &c) in chars.iter().enumerate() {
+        let next = chars.get(i + 1).copied();
+        let followed_by_whitespace = is_blank_or_end(next);
+        let first = i == 0;
+        let last = i + 1 == chars.len();
+        if first {
+            match c {
+                '#' | ',' | '[' | ']' | '{' | '}' | '&' | '*' | '!' | '|' | '>' | '\'' | '"'
+                | '%' | '@' | '`' => {
+                    flow_indicators = true;
+                    block_indicators = true;
+                }
+                '?' | ':' => {
+                    flow_indicators = true;
+                    if followed_by_whitespace {
+                        block_indicators = true;
+                    }
+                }
+                '-' if followed_by_whitespace => {
+                    flow_indicators = true;
+                    block_indicators = true;
+                }
+                _ => {}
+            }
+        } else {
+            match c {
+                ',' | '?' | '[' | ']' | '{' | '}' => flow_indicators = true,
+                ':' => {
+                    flow_indicators = true;
+                    if followed_by_whitespace {
+                        block_indicators = true;
+                    }
+                }
+                '#' if preceded_by_whitespace => {
+                    flow_indicators = true;
+                    block_indicators = true;
+                }
+                _ => {}
+            }
+        }
+        if !is_printable(c) {
+            special = true;
+        }
+        if is_break(c) {
+            line_breaks = true;
+        }
+        if c == ' ' {
+            if first {
+                leading_space = true;
+            }
+            if last {
+                trailing_space = true;
+            }
+            if previous_break {
+                break_space = true;
+            }
+            previous_space = true;
+            previous_break = false;
+        } else if is_break(c) {
+            if first {
+                leading_break = true;
+            }
+            if last {
+                trailing_break = true;
+            }
+            if previous_space {
+                space_break = true;
+            }
+            previous_break = true;
+            previous_space = false;
+        } else {
+            previous_space = false;
+            previous_break = false;
+        }
+        preceded_by_whitespace = c == ' ' || c == '\t' || is_break(c);
+    }
+    let mut a = Analysis {
+        flow_plain: true,
+        block_plain: true,
+        single_quoted: true,
+        block: true,
+    };
+    if leading_space || leading_break || trailing_space || trailing_break {
+        a.flow_plain = false;
+        a.block_plain = false;
+    }
+    if trailing_space {
+        a.block = false;
+    }
+    if break_space {
+        a.flow_plain = false;
+        a.block_plain = false;
+        a.single_quoted = false;
+    }
+    if space_break || special {
+        a.flow_plain = false;
+        a.block_plain = false;
+        a.single_quoted = false;
+        a.block = false;
+    }
+    if line_breaks {
+        a.flow_plain = false;
+        a.block_plain = false;
+    }
+    if flow_indicators {
+        a.flow_plain = false;
+    }
+    if block_indicators {
+        a.block_plain = false;
+    }
+    a
+}
+
+/// The style a scalar is written in.
+fn select_style(node: &Node, value: &str, flow: bool, simple_key: bool) -> Style {
+    let mut force_quoting = false;
+    if let Some(tag) = node.tag.as_deref()
+        && !node.explicit_tag
+        && tag == STR_TAG
+        && node.style == Style::Plain
+    {
+        let resolved = resolve_plain(value);
+        if resolved != STR_TAG || is_old_bool(value) || is_base60_float(value) {
+            force_quoting = true;
+        }
+    }
+    let mut style = match node.style {
+        Style::Plain | Style::Flow if value.contains('\n') => Style::Literal,
+        Style::Plain | Style::Flow if force_quoting => Style::DoubleQuoted,
+        Style::Flow => Style::Plain,
+        // The YAML library kpt uses writes folded scalars double-quoted.
+        Style::Folded => Style::DoubleQuoted,
+        other => other,
+    };
+    let a = analyze(value);
+    if style == Style::Plain {
+        if (flow && !a.flow_plain) || (!flow && !a.block_plain) {
+            style = Style::SingleQuoted;
+        }
+        if value.is_empty() && (flow || simple_key) {
+            style = Style::SingleQuoted;
+        }
+    }
+    if style == Style::SingleQuoted && !a.single_quoted {
+        style = Style::DoubleQuoted;
+    }
+    if style == Style::Literal && (!a.block || flow || simple_key) {
+        style = Style::DoubleQuoted;
+    }
+    style
+}
+
+fn scalar(node: &Node, value: &str, indent: usize, flow: bool, simple_key: bool) -> String {
+    match select_style(node, value, flow, simple_key) {
+        Style::SingleQuoted => single_quoted(value, indent),
+        Style::DoubleQuoted => double_quoted(value),
+        Style::Literal => literal(value, indent),
+        // The YAML library kpt uses writes the merge key with its tag.
+        _ if value == "<<" && node.tag.is_none() => "!!merge <<".to_owned(),
+        _ => value.to_owned(),
+    }
+}
+
+fn single_quoted(value: &str, indent: usize) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('\'');
+    let mut breaks = false;
+    for c in value.chars() {
+        if is_break(c) {
+            if !breaks && c == '\n' {
+                out.push('\n');
+            }
+            out.push('\n');
+            breaks = true;
+        } else {
+            if breaks {
+                pad(&mut out, indent);
+                breaks = false;
+            }
+            if c == '\'' {
+                out.push('\'');
+            }
+            out.push(c);
+        }
+    }
+    out.push('\'');
+    out
+}
+
+fn double_quoted(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        if !is_printable(c) || c == '\u{feff}' || is_break(c) || c == '"' || c == '\\' {
+            out.push('\\');
+            match c {
+                '\0' => out.push('0'),
+                '\u{7}' => out.push('a'),
+                '\u{8}' => out.push('b'),
+                '\t' => out.push('t'),
+                '\n' => out.push('n'),
+                '\u{b}' => out.push('v'),
+                '\u{c}' => out.push('f'),
+                '\r' => out.push('r'),
+                '\u{1b}' => out.push('e'),
+                '"' => out.push('"'),
+                '\\' => out.push('\\'),
+                '\u{85}' => out.push('N'),
+                '\u{a0}' => out.push('_'),
+                '\u{2028}' => out.push('L'),
+                '\u{2029}' => out.push('P'),
+                c if (c as u32) <= 0xff => out.push_str(&format!("x{:02X}", c as u32)),
+                c if (c as u32) <= 0xffff => out.push_str(&format!("u{:04X}", c as u32)),
+                c => out.push_str(&format!("U{:08X}", c as u32)),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn literal(value: &str, indent: usize) -> String {
+    let mut out = String::from("|");
+    if value.starts_with(' ') || value.starts_with('\n') {
+        out.push('2');
+    }
+    let chars: Vec<char> = value.chars().collect();
+    match chars.as_slice() {
+        [] => out.push('-'),
+        [.., last] if !is_break(*last) => out.push('-'),
+        [_] => out.push('+'),
+        [.., before, _] if is_break(*before) => out.push('+'),
+        _ => {}
+    }
+    out.push('\n');
+    let mut at_line_start = true;
+    for c in chars {
+        if is_break(c) {
+            out.push('\n');
+            at_line_start = true;
+        } else {
+            if at_line_start {
+                pad(&mut out, indent);
+                at_line_start = false;
+            }
+            out.push(c);
+        }
+    }
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}

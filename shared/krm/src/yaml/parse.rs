@@ -1,0 +1,409 @@
+//! Text to [`Node`] trees, keeping comments where kyaml keeps them.
+//!
+//! Files are split into documents the way kyaml's reader splits them (on
+//! `---` lines, CRLF first turned into LF), so a comment on a `---` line is
+//! dropped and a document holding only comments disappears, as with kpt.
+//! Comments are then attached by position: a comment after content on the same
+//! line is the line comment of the last node that starts on that line; a
+//! comment on a line of its own is the head comment of the next key or item
+//! when it is not indented deeper than it, and otherwise the foot comment of
+//! the deepest entry it is indented under.
+
+use granit_parser::{Event, Options, Parser, Placement, ScalarStyle, StructureStyle, Tag};
+
+use super::YamlError;
+use super::node::{Node, Style, Value};
+
+/// One document of a file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Document {
+    pub root: Node,
+    /// 1-based line of the document's first line in the file.
+    pub line: usize,
+    /// The document's source text (for the sequence indent style).
+    pub text: String,
+}
+
+/// Splits a multi-document YAML text and parses each non-empty document.
+///
+/// # Errors
+/// Syntax errors (with the file line), duplicate keys, text after `---`.
+pub fn parse_documents(text: &str) -> Result<Vec<Document>, YamlError> {
+    let text = text.replace("\r\n", "\n");
+    let mut documents = Vec::new();
+    for (line, chunk) in split_documents(&text)? {
+        if let Some(root) = parse_one(&chunk, line)? {
+            documents.push(Document {
+                root,
+                line,
+                text: chunk,
+            });
+        }
+    }
+    Ok(documents)
+}
+
+/// Parses a text that holds one document (or none: `Ok(None)`).
+///
+/// # Errors
+/// As [`parse_documents`], and more than one document.
+pub fn parse_document(text: &str) -> Result<Option<Node>, YamlError> {
+    let mut docs = parse_documents(text)?;
+    match docs.len() {
+        0 => Ok(None),
+        1 => Ok(docs.pop().map(|d| d.root)),
+        n => Err(YamlError::Syntax {
+            line: docs[1].line,
+            message: format!("expected one document, found {n}"),
+        }),
+    }
+}
+
+fn split_documents(text: &str) -> Result<Vec<(usize, String)>, YamlError> {
+    let mut chunks = Vec::new();
+    let mut current = String::new();
+    let mut start = 1;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        if let Some(rest) = line.strip_prefix("---") {
+            let rest = rest.trim();
+            if rest.is_empty() || rest.starts_with('#') {
+                chunks.push((start, std::mem::take(&mut current)));
+                start = i + 2;
+                continue;
+            }
+            if rest.starts_with(['-', '.']) {
+                // `----` is a plain scalar line, not a separator.
+            } else if i > 0 || !rest.is_empty() {
+                return Err(YamlError::Syntax {
+                    line: i + 1,
+                    message: format!("unexpected text after document separator: {rest:?}"),
+                });
+            }
+        }
+        current.push_str(line);
+    }
+    chunks.push((start, current));
+    Ok(chunks)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Step {
+    Item(usize),
+    Key(usize),
+    Value(usize),
+}
+
+#[derive(Debug)]
+struct Anchor {
+    line: usize,
+    col: usize,
+    path: Vec<Step>,
+    /// Path of the outermost flow collection containing this node.
+    flow_root: Option<Vec<Step>>,
+    /// A key or sequence item: a node that can carry head and foot comments.
+    entry: bool,
+}
+
+#[derive(Debug)]
+struct Frame {
+    node: Node,
+    path: Vec<Step>,
+    key: Option<Node>,
+}
+
+#[derive(Debug)]
+struct CommentAt {
+    line: usize,
+    col: usize,
+    text: String,
+    right: bool,
+}
+
+#[derive(Debug)]
+enum Last {
+    Scalar,
+    Start,
+    Other,
+}
+
+fn tag_text(tag: &Tag) -> String {
+    if let Some(core) = tag.core_suffix() {
+        format!("!!{core}")
+    } else {
+        tag.original()
+    }
+}
+
+fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
+    let mut options = Options::default();
+    options.emit_anchor_events = true;
+    options.max_buffered_comment_events = usize::MAX / 2;
+    let parser = Parser::new_from_str_with_options(text, options);
+
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut root: Option<Node> = None;
+    let mut anchors: Vec<Anchor> = Vec::new();
+    let mut comments: Vec<CommentAt> = Vec::new();
+    let mut anchor_names: std::collections::HashMap<usize, String> = Default::default();
+    let mut pending: Option<(Node, Vec<Step>)> = None;
+    let mut last = Last::Other;
+    let mut flow_depth_root: Option<Vec<Step>> = None;
+
+    let syntax = |line: usize, message: String| YamlError::Syntax {
+        line: first_line + line.saturating_sub(1),
+        message,
+    };
+
+    for event in parser {
+        let (event, span) = event.map_err(|e| syntax(e.marker().line(), e.info()))?;
+        let (line, col) = (span.start.line(), span.start.col());
+        if let Event::Anchor(id, name) = &event {
+            anchor_names.insert(*id, name.to_string());
+            match last {
+                Last::Scalar => {
+                    if let Some((node, _)) = pending.as_mut() {
+                        node.anchor = Some(name.to_string());
+                    }
+                }
+                Last::Start => {
+                    if let Some(frame) = stack.last_mut() {
+                        frame.node.anchor = Some(name.to_string());
+                    }
+                }
+                Last::Other => {}
+            }
+            continue;
+        }
+        if let Event::Comment(body, placement) = &event {
+            comments.push(CommentAt {
+                line,
+                col,
+                text: format!("#{}", body.trim_end()),
+                right: matches!(placement, Placement::Right),
+            });
+            continue;
+        }
+        if let Some((node, _)) = pending.take() {
+            insert(&mut stack, &mut root, node, first_line)?;
+        }
+        last = Last::Other;
+        let next_path = |stack: &[Frame]| -> (Vec<Step>, bool) {
+            match stack.last() {
+                None => (Vec::new(), false),
+                Some(frame) => {
+                    let mut path = frame.path.clone();
+                    match &frame.node.value {
+                        Value::Sequence(items) => {
+                            path.push(Step::Item(items.len()));
+                            (path, true)
+                        }
+                        Value::Mapping(entries) => {
+                            if frame.key.is_some() {
+                                path.push(Step::Value(entries.len()));
+                                (path, false)
+                            } else {
+                                path.push(Step::Key(entries.len()));
+                                (path, true)
+                            }
+                        }
+                        _ => (path, false),
+                    }
+                }
+            }
+        };
+        let is_sequence = matches!(event, Event::SequenceStart(..));
+        match event {
+            Event::Scalar(value, style, _, tag) => {
+                let (path, entry) = next_path(&stack);
+                anchors.push(Anchor {
+                    line,
+                    col,
+                    path: path.clone(),
+                    flow_root: flow_depth_root.clone(),
+                    entry,
+                });
+                // An empty value comes as `~` with an empty span.
+                let empty = style == ScalarStyle::Plain && span.start.index() == span.end.index();
+                let mut node = Node::plain(if empty {
+                    String::new()
+                } else {
+                    value.into_owned()
+                });
+                node.style = match style {
+                    ScalarStyle::Plain => Style::Plain,
+                    ScalarStyle::SingleQuoted => Style::SingleQuoted,
+                    ScalarStyle::DoubleQuoted => Style::DoubleQuoted,
+                    ScalarStyle::Literal => Style::Literal,
+                    ScalarStyle::Folded => Style::Folded,
+                };
+                if let Some(tag) = tag {
+                    node.tag = Some(tag_text(&tag));
+                    node.explicit_tag = true;
+                }
+                pending = Some((node, path));
+                last = Last::Scalar;
+            }
+            Event::Alias(id) => {
+                let (path, entry) = next_path(&stack);
+                anchors.push(Anchor {
+                    line,
+                    col,
+                    path: path.clone(),
+                    flow_root: flow_depth_root.clone(),
+                    entry,
+                });
+                let name = anchor_names.get(&id).cloned().unwrap_or_default();
+                let mut node = Node::null();
+                node.value = Value::Alias(name);
+                pending = Some((node, path));
+            }
+            Event::SequenceStart(style, _, tag) | Event::MappingStart(style, _, tag) => {
+                let (path, entry) = next_path(&stack);
+                anchors.push(Anchor {
+                    line,
+                    col,
+                    path: path.clone(),
+                    flow_root: flow_depth_root.clone(),
+                    entry,
+                });
+                let mut node = if is_sequence {
+                    Node::sequence()
+                } else {
+                    Node::mapping()
+                };
+                if style == StructureStyle::Flow {
+                    node.style = Style::Flow;
+                    if flow_depth_root.is_none() {
+                        flow_depth_root = Some(path.clone());
+                    }
+                }
+                if let Some(tag) = tag {
+                    node.tag = Some(tag_text(&tag));
+                    node.explicit_tag = true;
+                }
+                stack.push(Frame {
+                    node,
+                    path,
+                    key: None,
+                });
+                last = Last::Start;
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                let Some(frame) = stack.pop() else {
+                    return Err(syntax(line, "unbalanced collection end".into()));
+                };
+                if flow_depth_root.as_ref() == Some(&frame.path) {
+                    flow_depth_root = None;
+                }
+                insert(&mut stack, &mut root, frame.node, first_line)?;
+            }
+            _ => {}
+        }
+    }
+    let Some(mut root) = root else {
+        return Ok(None);
+    };
+    attach_comments(&mut root, &anchors, comments, text);
+    Ok(Some(root))
+}
+
+fn insert(
+    stack: &mut [Frame],
+    root: &mut Option<Node>,
+    node: Node,
+    first_line: usize,
+) -> Result<(), YamlError> {
+    let Some(frame) = stack.last_mut() else {
+        *root = Some(node);
+        return Ok(());
+    };
+    match &mut frame.node.value {
+        Value::Sequence(items) => items.push(node),
+        Value::Mapping(entries) => match frame.key.take() {
+            None => {
+                if let Some(key) = node.as_str()
+                    && entries.iter().any(|(k, _)| k.as_str() == Some(key))
+                {
+                    return Err(YamlError::Syntax {
+                        line: first_line,
+                        message: format!("mapping key {key:?} already defined"),
+                    });
+                }
+                frame.key = Some(node);
+            }
+            Some(key) => entries.push((key, node)),
+        },
+        _ => {}
+    }
+    Ok(())
+}
+
+fn node_at_mut<'a>(root: &'a mut Node, path: &[Step]) -> Option<&'a mut Node> {
+    let mut node = root;
+    for step in path {
+        node = match (step, &mut node.value) {
+            (Step::Item(i), Value::Sequence(items)) => items.get_mut(*i)?,
+            (Step::Key(i), Value::Mapping(entries)) => &mut entries.get_mut(*i)?.0,
+            (Step::Value(i), Value::Mapping(entries)) => &mut entries.get_mut(*i)?.1,
+            _ => return None,
+        };
+    }
+    Some(node)
+}
+
+fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>, text: &str) {
+    let lines: Vec<&str> = text.lines().collect();
+    for comment in comments {
+        if comment.right {
+            // The last node starting on the comment's line, or the flow
+            // collection around it.
+            let Some(anchor) = anchors.iter().rev().find(|a| a.line == comment.line) else {
+                continue;
+            };
+            let path = anchor.flow_root.as_ref().unwrap_or(&anchor.path);
+            if let Some(node) = node_at_mut(root, path) {
+                node.line_comment = Some(comment.text);
+            }
+            continue;
+        }
+        let next = anchors
+            .iter()
+            .find(|a| a.line > comment.line && a.flow_root.is_none());
+        if let Some(next) = next
+            && comment.col <= next.col
+        {
+            if let Some(node) = node_at_mut(root, &next.path) {
+                node.head_comment.push(comment.text);
+            }
+            continue;
+        }
+        // A comment at the end of the document, not indented: the document's
+        // foot, keeping one blank line before it as kpt does.
+        if next.is_none() && comment.col == 0 {
+            let blank_before = comment.line >= 2
+                && lines
+                    .get(comment.line - 2)
+                    .is_some_and(|l| l.trim().is_empty());
+            if blank_before && root.foot_comment.is_empty() {
+                root.foot_comment.push(String::new());
+            }
+            root.foot_comment.push(comment.text);
+            continue;
+        }
+        // A foot comment: the deepest entry before the comment that it is
+        // indented under.
+        let owner = anchors
+            .iter()
+            .filter(|a| a.line < comment.line && a.entry && a.flow_root.is_none())
+            .filter(|a| a.col <= comment.col)
+            .max_by_key(|a| (a.col, a.line));
+        match owner {
+            Some(owner) => {
+                if let Some(node) = node_at_mut(root, &owner.path) {
+                    node.foot_comment.push(comment.text);
+                }
+            }
+            None => root.foot_comment.push(comment.text),
+        }
+    }
+}

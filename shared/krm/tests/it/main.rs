@@ -1,0 +1,4 @@
+//! Integration tests of porch-krm.
+
+mod format;
+mod support;
