@@ -1,6 +1,16 @@
-//! KRM packages and kpt's render pipeline (krm-functions spec §2, §3, §5).
+//! KRM packages and kpt's render pipeline (krm-functions spec §1–§3, §5).
 //!
 //! - [`yaml`]: YAML trees that keep comments and formatting, written back as
 //!   kpt writes them.
+//! - [`package`] and [`resource`]: files ⇄ resources with their origin.
+//! - [`resourcelist`]: the ResourceList wire format and function results.
+//! - [`runtime`]: where functions run (builtins, executables; the function
+//!   runner client).
+//! - [`render`]: `kpt fn render`.
 
+pub mod package;
+pub mod render;
+pub mod resource;
+pub mod resourcelist;
+pub mod runtime;
 pub mod yaml;

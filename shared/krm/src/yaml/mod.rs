@@ -7,12 +7,14 @@ mod json;
 mod node;
 mod parse;
 mod resolve;
+mod sync;
 
 pub use emit::{SeqIndent, emit_document, emit_documents};
 pub use json::{from_json, to_json};
 pub use node::{Node, STR_TAG, Style, Value};
 pub use parse::{Document, parse_document, parse_documents};
 pub use resolve::resolve_plain;
+pub use sync::sync_comments_and_order;
 
 /// Why a YAML text could not be read.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]

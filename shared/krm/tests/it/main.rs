@@ -1,4 +1,5 @@
 //! Integration tests of porch-krm.
 
 mod format;
+mod render;
 mod support;
