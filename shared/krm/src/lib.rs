@@ -6,8 +6,10 @@
 //! - [`resourcelist`]: the ResourceList wire format and function results.
 //! - [`runtime`]: where functions run (builtins, executables; the function
 //!   runner client).
+//! - [`builtins`]: catalog functions in Rust.
 //! - [`render`]: `kpt fn render`.
 
+pub mod builtins;
 pub mod package;
 pub mod render;
 pub mod resource;

@@ -142,8 +142,9 @@ pub fn read_resources(files: &Files) -> Result<Vec<Resource>, PackageError> {
         } else {
             path[package.len() + 1..].to_owned()
         };
-        for (index, doc) in docs.into_iter().enumerate() {
+        for (index, mut doc) in docs.into_iter().enumerate() {
             let seq_indent = SeqIndent::derive(&doc.text);
+            ensure_annotations(&mut doc.root);
             out.push(Resource::new(
                 doc.root,
                 Origin {
@@ -156,6 +157,34 @@ pub fn read_resources(files: &Files) -> Result<Vec<Resource>, PackageError> {
         }
     }
     Ok(out)
+}
+
+/// kpt adds its annotations to every object when it reads a package, so
+/// `metadata.annotations` exists from then on, in the place it was created.
+fn ensure_annotations(object: &mut Node) {
+    if object.as_mapping().is_none() {
+        return;
+    }
+    if let Some(metadata) = object.mapping_at("metadata") {
+        metadata.mapping_at("annotations");
+    }
+}
+
+/// Removes `metadata.annotations` when empty, then `metadata` when empty, as
+/// kpt does when it takes its annotations off.
+pub fn tidy_metadata(object: &mut Node) {
+    let Some(metadata) = object.get_mut("metadata") else {
+        return;
+    };
+    if metadata
+        .get("annotations")
+        .is_some_and(|a| a.as_mapping().is_some_and(Vec::is_empty))
+    {
+        metadata.remove("annotations");
+    }
+    if metadata.as_mapping().is_some_and(Vec::is_empty) {
+        object.remove("metadata");
+    }
 }
 
 /// The file name kpt gives an object a function created without a path:
@@ -198,7 +227,15 @@ pub fn write_resources(
             out.remove(path);
         }
     }
-    for (path, mut items) in by_file {
+    for (path, items) in by_file {
+        let mut items: Vec<Resource> = items
+            .into_iter()
+            .map(|r| {
+                let mut r = r.clone();
+                tidy_metadata(&mut r.object);
+                r
+            })
+            .collect();
         if out.contains_key(&path) && !is_krm_file(&path) && !previous.contains(&path) {
             return Err(PackageError::Write {
                 path,
