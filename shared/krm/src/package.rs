@@ -209,10 +209,10 @@ pub fn default_path(resource: &Resource) -> String {
 /// A resource whose path leaves its package or collides with a non-KRM file.
 pub fn write_resources(
     files: &Files,
-    resources: &[Resource],
+    resources: Vec<Resource>,
     previous: &BTreeSet<String>,
 ) -> Result<Files, PackageError> {
-    let mut by_file: BTreeMap<String, Vec<&Resource>> = BTreeMap::new();
+    let mut by_file: BTreeMap<String, Vec<Resource>> = BTreeMap::new();
     for resource in resources {
         let path = resource.origin.root_path();
         check_path(&path).map_err(|_| PackageError::Write {
@@ -227,15 +227,10 @@ pub fn write_resources(
             out.remove(path);
         }
     }
-    for (path, items) in by_file {
-        let mut items: Vec<Resource> = items
-            .into_iter()
-            .map(|r| {
-                let mut r = r.clone();
-                tidy_metadata(&mut r.object);
-                r
-            })
-            .collect();
+    for (path, mut items) in by_file {
+        for r in &mut items {
+            tidy_metadata(&mut r.object);
+        }
         if out.contains_key(&path) && !is_krm_file(&path) && !previous.contains(&path) {
             return Err(PackageError::Write {
                 path,

@@ -114,6 +114,7 @@ pub fn render(files: &Files, runtime: &dyn FunctionRuntime, options: &RenderOpti
         options,
         steps: Vec::new(),
         packages: Vec::new(),
+        save_partial: false,
     };
     let result = run.render(files);
     let steps = std::mem::take(&mut run.steps);
@@ -156,6 +157,7 @@ struct Run<'a> {
     options: &'a RenderOptions,
     steps: Vec<StepRecord>,
     packages: Vec<PackageInfo>,
+    save_partial: bool,
 }
 
 impl Run<'_> {
@@ -176,6 +178,9 @@ impl Run<'_> {
                 })
             })?;
             validate_pipeline(&kptfile, &path, &dir, &resources).map_err(fail)?;
+            if dir.is_empty() {
+                self.save_partial = kptfile.annotation_is_true(SAVE_ON_RENDER_FAILURE_ANNOTATION);
+            }
             self.packages.push(PackageInfo { dir, kptfile });
         }
         for r in &resources {
@@ -211,12 +216,12 @@ impl Run<'_> {
         match outcome {
             Ok(()) => {
                 let all = assign_generated_paths(all);
-                package::write_resources(files, &all, &previous).map_err(|e| fail(e.into()))
+                package::write_resources(files, all, &previous).map_err(|e| fail(e.into()))
             }
             Err(error) => {
                 // Partial output for save-on-render-failure: no pruning.
                 let partial =
-                    package::write_resources(files, &assign_generated_paths(all), &BTreeSet::new())
+                    package::write_resources(files, assign_generated_paths(all), &BTreeSet::new())
                         .ok();
                 Err((error, partial))
             }
@@ -321,13 +326,16 @@ impl Run<'_> {
             return Ok(items);
         };
         for function in &pipeline.mutators {
-            match self.run_step(dir, function, &items, false) {
+            // The input survives a failure only when it will be saved.
+            let backup = self.save_partial.then(|| items.clone());
+            match self.run_step(dir, function, items, false) {
                 Ok(out) => items = out,
-                Err(e) => return Err((e, items)),
+                Err(e) => return Err((e, backup.unwrap_or_default())),
             }
         }
         for function in &pipeline.validators {
-            if let Err(e) = self.run_step(dir, function, &items, true) {
+            // Validators run on a copy; their output is ignored.
+            if let Err(e) = self.run_step(dir, function, items.clone(), true) {
                 return Err((e, items));
             }
         }
@@ -338,7 +346,7 @@ impl Run<'_> {
         &mut self,
         dir: &str,
         function: &Function,
-        items: &[Resource],
+        items: Vec<Resource>,
         validator: bool,
     ) -> Result<Vec<Resource>, RenderError> {
         let fref = if function.exec.is_empty() {
@@ -366,7 +374,7 @@ impl Run<'_> {
             function: record.function.clone(),
             reason,
         };
-        let config = match function_config(function, dir, items) {
+        let config = match function_config(function, dir, &items) {
             Ok(c) => c,
             Err(reason) => {
                 record.exit_code = 1;
@@ -376,8 +384,13 @@ impl Run<'_> {
                 return Err(e);
             }
         };
-        let selected = select(items, &function.selectors, &function.exclude);
-        let input: Vec<Resource> = selected.iter().map(|&i| items[i].clone()).collect();
+        let selected = select(&items, &function.selectors, &function.exclude);
+        let everything = selected.len() == items.len();
+        let (input, rest) = if everything {
+            (items, Vec::new())
+        } else {
+            (selected.iter().map(|&i| items[i].clone()).collect(), items)
+        };
         let call = Call {
             function: &fref,
             items: input,
@@ -419,9 +432,13 @@ impl Run<'_> {
         record.stderr = stderr;
         if validator {
             self.steps.push(record);
-            return Ok(items.to_vec());
+            return Ok(Vec::new());
         }
-        let merged = merge_selected(items, &selected, out);
+        let merged = if everything {
+            out
+        } else {
+            merge_selected(&rest, &selected, out)
+        };
         if let Err(reason) = check_output(&merged) {
             record.exit_code = 1;
             record.execution_error = reason.clone();
@@ -481,9 +498,6 @@ fn matches(r: &Resource, s: &Selector) -> bool {
 /// objects go at the end. Outputs are matched to inputs by position of
 /// identity (the runtimes keep the input's origin on objects they return).
 fn merge_selected(items: &[Resource], selected: &[usize], out: Vec<Resource>) -> Vec<Resource> {
-    if selected.len() == items.len() {
-        return out;
-    }
     let key = |r: &Resource| {
         (
             r.origin.package.clone(),
@@ -521,7 +535,8 @@ fn merge_selected(items: &[Resource], selected: &[usize], out: Vec<Resource>) ->
 
 /// kpt's checks on a function's output (spec §2.3).
 fn check_output(items: &[Resource]) -> Result<(), String> {
-    let mut seen = BTreeSet::new();
+    let mut seen: std::collections::HashSet<(&str, &str, usize)> =
+        std::collections::HashSet::with_capacity(items.len());
     for r in items {
         if let Some(reason) = r.krm_problem()
             && !r.is_kustomization()
@@ -544,7 +559,7 @@ fn check_output(items: &[Resource]) -> Result<(), String> {
             ));
         }
         let index = r.origin.index.unwrap_or(0);
-        if !seen.insert((r.origin.package.clone(), r.origin.path.clone(), index)) {
+        if !seen.insert((&r.origin.package, &r.origin.path, index)) {
             return Err(format!(
                 "resource at path {:?} and index \"{index}\" already exists",
                 r.origin.path

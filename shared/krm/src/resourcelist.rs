@@ -208,6 +208,7 @@ pub struct Decoded {
     /// Output objects, still carrying the wire annotations.
     pub items: Vec<Node>,
     pub results: Vec<ResultItem>,
+    pub function_config: Option<Node>,
 }
 
 /// Parses a function's output ResourceList.
@@ -215,7 +216,7 @@ pub struct Decoded {
 /// # Errors
 /// Bad YAML, not a mapping, `items` not a list, malformed `results`.
 pub fn decode(text: &str) -> Result<Decoded, WireError> {
-    let Some(root) = yaml::parse_document(text)? else {
+    let Some(mut root) = yaml::parse_document(text)? else {
         return Err(WireError::Shape("empty output".into()));
     };
     if root.as_mapping().is_none() {
@@ -227,14 +228,15 @@ pub fn decode(text: &str) -> Result<Decoded, WireError> {
             "kind is {kind:?}, expected ResourceList"
         )));
     }
-    let items = match root.get("items") {
+    let items = match root.remove("items") {
         None => Vec::new(),
         Some(n) if n.is_null() => Vec::new(),
-        Some(n) => n
-            .as_sequence()
-            .ok_or_else(|| WireError::Shape("`items` is not a list".into()))?
-            .clone(),
+        Some(n) => match n.value {
+            Value::Sequence(items) => items,
+            _ => return Err(WireError::Shape("`items` is not a list".into())),
+        },
     };
+    let function_config = root.remove("functionConfig").filter(|c| !c.is_null());
     let results = match root.get("results") {
         None => Vec::new(),
         Some(n) if n.is_null() => Vec::new(),
@@ -249,7 +251,11 @@ pub fn decode(text: &str) -> Result<Decoded, WireError> {
             results
         }
     };
-    Ok(Decoded { items, results })
+    Ok(Decoded {
+        items,
+        results,
+        function_config,
+    })
 }
 
 fn decode_result(mut value: serde_json::Value) -> Result<ResultItem, WireError> {

@@ -93,6 +93,12 @@ pub trait FunctionRuntime: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`FunctionError::NotFound`] when this runtime does not have it.
     fn run(&self, call: Call<'_>) -> Result<FunctionOutput, FunctionError>;
+
+    /// Whether this runtime has the function (`run` may still answer
+    /// `NotFound`). Lets [`Runtimes`] pick one without copying the items.
+    fn handles(&self, _function: &FunctionRef) -> bool {
+        true
+    }
 }
 
 /// Tries runtimes in order; the first that does not answer `NotFound` wins.
@@ -115,13 +121,27 @@ impl Runtimes {
 
 impl FunctionRuntime for Runtimes {
     fn run(&self, call: Call<'_>) -> Result<FunctionOutput, FunctionError> {
-        for runtime in &self.runtimes {
-            match runtime.run(call.clone()) {
+        let function = call.function;
+        let candidates: Vec<&Arc<dyn FunctionRuntime>> = self
+            .runtimes
+            .iter()
+            .filter(|r| r.handles(function))
+            .collect();
+        let mut pending = Some(call);
+        for (i, runtime) in candidates.iter().enumerate() {
+            let Some(call) = pending.take() else {
+                break;
+            };
+            // Items are copied only when another runtime may still need them.
+            if i + 1 < candidates.len() {
+                pending = Some(call.clone());
+            }
+            match runtime.run(call) {
                 Err(FunctionError::NotFound(_)) => continue,
                 other => return other,
             }
         }
-        Err(match call.function {
+        Err(match function {
             FunctionRef::Exec(_) => FunctionError::Runtime(
                 "must run with `--allow-exec` option to allow running function binaries".into(),
             ),
@@ -202,6 +222,10 @@ impl ExecRuntime {
 }
 
 impl FunctionRuntime for ExecRuntime {
+    fn handles(&self, function: &FunctionRef) -> bool {
+        self.resolve(function).is_some()
+    }
+
     fn run(&self, call: Call<'_>) -> Result<FunctionOutput, FunctionError> {
         let Some((program, args)) = self.resolve(call.function) else {
             return Err(FunctionError::NotFound(call.function.display().to_owned()));

@@ -164,6 +164,10 @@ fn execute(
 }
 
 impl FunctionRuntime for BuiltinRuntime {
+    fn handles(&self, function: &FunctionRef) -> bool {
+        matches!(function, FunctionRef::Image(image) if self.lookup(image).is_some())
+    }
+
     fn run(&self, call: Call<'_>) -> Result<FunctionOutput, FunctionError> {
         let FunctionRef::Image(image) = call.function else {
             return Err(FunctionError::NotFound(call.function.display().to_owned()));
@@ -236,11 +240,7 @@ pub fn process_resource_list(
 ) -> Result<(String, bool), FunctionError> {
     let decoded =
         crate::resourcelist::decode(input).map_err(|e| FunctionError::Runtime(e.to_string()))?;
-    let config = yaml::parse_document(input)
-        .ok()
-        .flatten()
-        .and_then(|root| root.get("functionConfig").cloned())
-        .filter(|c| !c.is_null());
+    let config = decoded.function_config;
     let mut items: Vec<Resource> = decoded
         .items
         .into_iter()

@@ -354,10 +354,12 @@ fn node_at_mut<'a>(root: &'a mut Node, path: &[Step]) -> Option<&'a mut Node> {
 fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>, text: &str) {
     let lines: Vec<&str> = text.lines().collect();
     for comment in comments {
+        // Anchors are in source order: find the first one after the line.
+        let after = anchors.partition_point(|a| a.line <= comment.line);
         if comment.right {
             // The last node starting on the comment's line, or the flow
             // collection around it.
-            let Some(anchor) = anchors.iter().rev().find(|a| a.line == comment.line) else {
+            let Some(anchor) = anchors[..after].last().filter(|a| a.line == comment.line) else {
                 continue;
             };
             let path = anchor.flow_root.as_ref().unwrap_or(&anchor.path);
@@ -366,9 +368,7 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
             }
             continue;
         }
-        let next = anchors
-            .iter()
-            .find(|a| a.line > comment.line && a.flow_root.is_none());
+        let next = anchors[after..].iter().find(|a| a.flow_root.is_none());
         if let Some(next) = next
             && comment.col <= next.col
         {
@@ -390,13 +390,12 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
             root.foot_comment.push(comment.text);
             continue;
         }
-        // A foot comment: the deepest entry before the comment that it is
-        // indented under.
-        let owner = anchors
+        // A foot comment: the nearest entry before the comment that is not
+        // indented deeper than it.
+        let owner = anchors[..after]
             .iter()
-            .filter(|a| a.line < comment.line && a.entry && a.flow_root.is_none())
-            .filter(|a| a.col <= comment.col)
-            .max_by_key(|a| (a.col, a.line));
+            .rev()
+            .find(|a| a.entry && a.flow_root.is_none() && a.col <= comment.col);
         match owner {
             Some(owner) => {
                 if let Some(node) = node_at_mut(root, &owner.path) {
