@@ -171,13 +171,30 @@ pub struct PackageInfo {
     pub readiness_gates: Vec<ReadinessGate>,
 }
 
+/// `mutators:` with no value is an empty list, as kpt reads it.
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
 /// `pipeline`: mutators run before validators.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Pipeline {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub mutators: Vec<Function>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub validators: Vec<Function>,
 }
 
@@ -326,6 +343,13 @@ mod tests {
         assert_eq!(k.metadata.name, "basens");
         let pipeline = k.pipeline.expect("pipeline");
         assert_eq!(pipeline.mutators[0].config_map["namespace"], "ns1");
+        let empty = "apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: x\npipeline:\n  mutators:\n  validators: ~\n";
+        let kptfile = Kptfile::from_yaml(empty).expect("null lists are empty");
+        assert!(
+            kptfile
+                .pipeline
+                .is_some_and(|p| p.mutators.is_empty() && p.validators.is_empty())
+        );
         assert_eq!(k.info.expect("info").description, "sample");
     }
 
