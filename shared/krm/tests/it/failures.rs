@@ -295,7 +295,9 @@ fn hostile_file_names_and_sizes_are_refused() {
 }
 
 /// A runtime that runs a closure.
-struct Closure(Box<dyn Fn(Vec<Resource>) -> Result<Vec<Resource>, FunctionError> + Send + Sync>);
+type Body = Box<dyn Fn(Vec<Resource>) -> Result<Vec<Resource>, FunctionError> + Send + Sync>;
+
+struct Closure(Body);
 
 impl std::fmt::Debug for Closure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
