@@ -251,10 +251,10 @@ impl Builtin for SetNamespace {
             if parts.len() != 5 || parts[1] != "namespaces" || !ids.contains(&value) {
                 continue;
             }
-            let old = parts[3].clone();
+            let old = parts[2].clone();
             let matched = config.matcher.as_ref().is_none_or(|m| *m == old);
             if old != new && matched {
-                parts[3] = new.to_owned();
+                parts[2] = new.to_owned();
                 r.set_annotation(DEPENDS_ON, &parts.join("/"));
                 depends_old.insert(old);
                 depends_changed += 1;

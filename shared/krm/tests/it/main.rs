@@ -1,5 +1,6 @@
 //! Integration tests of porch-krm.
 
+mod builtins;
 mod failures;
 mod format;
 mod render;

@@ -1,0 +1,254 @@
+//! The builtin functions on the behaviours and edge cases of spec §5.
+
+use porch_krm::builtins::BuiltinRuntime;
+use porch_krm::resource::{Origin, Resource};
+use porch_krm::runtime::{FunctionError, FunctionOutput};
+use porch_krm::yaml::{SeqIndent, emit_documents, parse_document, parse_documents};
+use pretty_assertions::assert_eq;
+
+fn items(text: &str) -> Vec<Resource> {
+    parse_documents(text)
+        .expect("valid yaml")
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            Resource::new(
+                d.root,
+                Origin {
+                    path: "res.yaml".into(),
+                    index: Some(i),
+                    ..Origin::default()
+                },
+            )
+        })
+        .collect()
+}
+
+fn run(name: &str, config: &str, input: &str) -> Result<FunctionOutput, FunctionError> {
+    let config = parse_document(config).expect("valid config");
+    BuiltinRuntime::catalog().run_named(name, items(input), config.as_ref())
+}
+
+fn text(output: &FunctionOutput) -> String {
+    emit_documents(output.items.iter().map(|r| (&r.object, SeqIndent::Compact)))
+}
+
+fn messages(output: &FunctionOutput) -> Vec<String> {
+    output
+        .results
+        .iter()
+        .map(|r| format!("{}: {}", r.severity, r.message))
+        .collect()
+}
+
+const NS_CONFIG: &str =
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  namespace: prod\n";
+
+#[test]
+fn set_namespace_sets_namespaced_objects_and_skips_local_config() {
+    let out = run(
+        "set-namespace",
+        NS_CONFIG,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n  namespace: dev\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: b\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: c\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: local\n  annotations:\n    config.kubernetes.io/local-config: \"true\"\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: dev\n",
+    )
+    .expect("runs");
+    assert_eq!(
+        text(&out),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n  namespace: prod\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: b\n  namespace: prod\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: c\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: local\n  annotations:\n    config.kubernetes.io/local-config: \"true\"\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: prod\n"
+    );
+    assert_eq!(
+        messages(&out)[0],
+        "info: namespace [\"default\", \"dev\"] updated to \"prod\", 3 value(s) changed"
+    );
+}
+
+#[test]
+fn set_namespace_honours_the_matcher_and_package_context() {
+    let config = "apiVersion: fn.kpt.dev/v1alpha1\nkind: SetNamespace\nmetadata:\n  name: c\nnamespace: prod\nnamespaceMatcher: dev\n";
+    let out = run(
+        "set-namespace",
+        config,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n  namespace: dev\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: b\n  namespace: other\n",
+    )
+    .expect("runs");
+    assert!(text(&out).contains("name: a\n  namespace: prod\n"));
+    assert!(text(&out).contains("name: b\n  namespace: other\n"));
+
+    let context = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kptfile.kpt.dev\ndata:\n  name: from-context\n";
+    let out = run(
+        "set-namespace",
+        context,
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n",
+    )
+    .expect("runs");
+    assert!(text(&out).contains("namespace: from-context"));
+}
+
+#[test]
+fn set_namespace_reports_bad_config_without_failing() {
+    for (config, message) in [
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata: {}\n",
+            "`data.namespace` should not be empty",
+        ),
+        (
+            "apiVersion: example.com/v1\nkind: Other\nmetadata:\n  name: c\n",
+            "unknown functionConfig",
+        ),
+    ] {
+        let out = run(
+            "set-namespace",
+            config,
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n",
+        )
+        .expect("succeeds");
+        assert!(
+            messages(&out)[0].starts_with("error: "),
+            "{:?}",
+            messages(&out)
+        );
+        assert!(messages(&out)[0].contains(message), "{:?}", messages(&out));
+        assert_eq!(
+            text(&out),
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n"
+        );
+    }
+    let out = BuiltinRuntime::catalog()
+        .run_named(
+            "set-namespace",
+            items("apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n"),
+            None,
+        )
+        .expect("succeeds");
+    assert!(messages(&out)[0].contains("FunctionConfig is missing"));
+}
+
+#[test]
+fn set_namespace_follows_depends_on_and_binding_subjects() {
+    let out = run(
+        "set-namespace",
+        NS_CONFIG,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\n  namespace: dev\n  annotations:\n    config.kubernetes.io/depends-on: /namespaces/dev/ServiceAccount/sa\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: sa\n  namespace: dev\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: rb\n  namespace: dev\nsubjects:\n- kind: ServiceAccount\n  name: sa\n  namespace: dev\n",
+    )
+    .expect("runs");
+    let t = text(&out);
+    assert!(
+        t.contains("depends-on: /namespaces/prod/ServiceAccount/sa"),
+        "{t}"
+    );
+    assert!(t.contains("  name: sa\n  namespace: prod\n"), "{t}");
+    assert!(
+        t.ends_with("subjects:\n- kind: ServiceAccount\n  name: sa\n  namespace: prod\n"),
+        "{t}"
+    );
+}
+
+#[test]
+fn set_labels_covers_selectors_and_templates() {
+    let config = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  app: shop\n  count: \"1\"\n";
+    let out = run(
+        "set-labels",
+        config,
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: j\nspec:\n  template:\n    spec:\n      containers: []\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: s\nspec:\n  ports:\n  - port: 80\n",
+    )
+    .expect("runs");
+    assert_eq!(
+        text(&out),
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: j\n  labels:\n    app: shop\n    count: \"1\"\nspec:\n  template:\n    spec:\n      containers: []\n    metadata:\n      labels:\n        app: shop\n        count: \"1\"\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: s\n  labels:\n    app: shop\n    count: \"1\"\nspec:\n  ports:\n  - port: 80\n  selector:\n    app: shop\n    count: \"1\"\n"
+    );
+    assert_eq!(messages(&out), vec!["info: set 4 labels in total"]);
+    let err = BuiltinRuntime::catalog()
+        .run_named(
+            "set-labels",
+            items("apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n"),
+            None,
+        )
+        .expect_err("no config fails");
+    assert!(
+        err.to_string().contains("`FunctionConfig` is not given"),
+        "{err}"
+    );
+}
+
+#[test]
+fn set_annotations_include_local_config_and_reject_empty_lists() {
+    let config = "apiVersion: fn.kpt.dev/v1alpha1\nkind: SetAnnotations\nmetadata:\n  name: c\nannotations:\n  owner: team-a\n";
+    let out = run(
+        "set-annotations",
+        config,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: local\n  annotations:\n    config.kubernetes.io/local-config: \"true\"\n",
+    )
+    .expect("runs");
+    assert!(
+        text(&out).contains("    config.kubernetes.io/local-config: \"true\"\n    owner: team-a\n")
+    );
+    assert_eq!(
+        out.results[0].field.as_ref().map(|f| f.path.as_str()),
+        Some("metadata.annotations")
+    );
+    assert_eq!(
+        out.results[0].file.as_ref().map(|f| f.path.as_str()),
+        Some("res.yaml")
+    );
+    let empty = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata: {}\n";
+    let err = run(
+        "set-annotations",
+        empty,
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n",
+    )
+    .expect_err("empty list fails");
+    assert!(
+        err.to_string()
+            .contains("input annotation list cannot be empty")
+    );
+}
+
+#[test]
+fn apply_setters_fill_patterns_derive_values_and_set_arrays() {
+    let config = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  tag: \"1.27\"\n  replicas: \"4\"\n  envs: \"[a, b]\"\n  empty: \"\"\n";
+    let out = run(
+        "apply-setters",
+        config,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\nspec:\n  replicas: 1 # kpt-set: ${replicas}\n  image: nginx:1.25 # kpt-set: ${image}:${tag}\n  list: # kpt-set: ${envs}\n  - x\n  flow: [] # kpt-set: ${envs}\n  blank: x # kpt-set: ${empty}\n  other: y # kpt-set: ${unknown}\n",
+    )
+    .expect("runs");
+    assert_eq!(
+        text(&out),
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\nspec:\n  replicas: 4 # kpt-set: ${replicas}\n  image: nginx:1.27 # kpt-set: ${image}:${tag}\n  list: # kpt-set: ${envs}\n  - a\n  - b\n  flow: [a, b] # kpt-set: ${envs}\n  blank: \"\" # kpt-set: ${empty}\n  other: y # kpt-set: ${unknown}\n"
+    );
+    let err = run(
+        "apply-setters",
+        config,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  v: abc # kpt-set: ${tag}-${missing}\n",
+    )
+    .expect_err("unresolvable placeholder");
+    assert!(
+        err.to_string()
+            .contains("values for setters [${missing}] must be provided"),
+        "{err}"
+    );
+    let none = run(
+        "apply-setters",
+        config,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n",
+    )
+    .expect("runs");
+    assert_eq!(
+        messages(&none),
+        vec!["info: no matches for input setter(s)"]
+    );
+}
+
+#[test]
+fn ensure_name_substring_is_idempotent_and_updates_references() {
+    let config = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  prepend: prod-\n";
+    let input = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: prod-pod\nspec:\n  containers:\n  - name: c\n    envFrom:\n    - configMapRef:\n        name: cfg\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns\n";
+    let once = run("ensure-name-substring", config, input).expect("runs");
+    let expected = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: prod-cfg\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: prod-pod\nspec:\n  containers:\n  - name: c\n    envFrom:\n    - configMapRef:\n        name: prod-cfg\n---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns\n";
+    assert_eq!(text(&once), expected);
+    let twice = run("ensure-name-substring", config, expected).expect("runs");
+    assert_eq!(text(&twice), expected);
+    let bad =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  prepend: a\n  append: b\n";
+    assert!(run("ensure-name-substring", bad, input).is_err());
+}
