@@ -1,44 +1,64 @@
-//! `fn-runner exec <function>`: runs a builtin KRM function as an executable
-//! (ResourceList on stdin, ResourceList on stdout), so kpt and Porch's exec
-//! evaluator can run it. Invoked through a link named after a function, it
-//! runs that function.
+//! The function runner.
+//!
+//! - `fn-runner serve`: Porch's `evaluator.FunctionEvaluator` gRPC API (and
+//!   `grpc.health.v1.Health`) backed by the builtin functions and, for
+//!   images mapped with `--exec-image`, local executables; metrics on HTTP.
+//! - `fn-runner exec <function>`: one builtin as an executable (ResourceList
+//!   on stdin and stdout) for kpt and exec evaluators. Invoked through a link
+//!   named after a function, it runs that function.
 
 use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
 use porch_krm::builtins::{BuiltinRuntime, process_resource_list};
+use porch_krm::grpc::{DEFAULT_MAX_MESSAGE_BYTES, Evaluator, serve};
+use porch_krm::runtime::{ExecLimits, ExecRuntime};
 
-fn usage(runtime: &BuiltinRuntime) -> ExitCode {
-    eprintln!(
-        "usage: fn-runner exec <function>\nfunctions: {}",
-        runtime.names().join(", ")
-    );
-    ExitCode::from(2)
+#[derive(Parser, Debug)]
+#[command(name = "fn-runner", about = "KRM function runner")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
 
-fn main() -> ExitCode {
-    let runtime = BuiltinRuntime::catalog();
-    let args: Vec<String> = std::env::args().collect();
-    let invoked = args
-        .first()
-        .and_then(|a| std::path::Path::new(a).file_name())
-        .and_then(|n| n.to_str())
-        .unwrap_or("fn-runner")
-        .to_owned();
-    let name = if runtime.names().contains(&invoked.as_str()) {
-        invoked
-    } else {
-        match (args.get(1).map(String::as_str), args.get(2)) {
-            (Some("exec"), Some(name)) => name.clone(),
-            _ => return usage(&runtime),
-        }
-    };
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the gRPC API.
+    Serve {
+        #[arg(long, env = "FN_RUNNER_ADDRESS", default_value = "0.0.0.0:9445")]
+        address: SocketAddr,
+        #[arg(
+            long,
+            env = "FN_RUNNER_METRICS_ADDRESS",
+            default_value = "0.0.0.0:9446"
+        )]
+        metrics_address: SocketAddr,
+        #[arg(long, env = "FN_RUNNER_MAX_MESSAGE_BYTES", default_value_t = DEFAULT_MAX_MESSAGE_BYTES)]
+        max_message_bytes: usize,
+        /// `image=/path/to/executable`: run this image with a local binary.
+        #[arg(
+            long = "exec-image",
+            env = "FN_RUNNER_EXEC_IMAGES",
+            value_delimiter = ','
+        )]
+        exec_images: Vec<String>,
+        #[arg(long, env = "FN_RUNNER_EXEC_TIMEOUT_SECONDS", default_value_t = 60)]
+        exec_timeout_seconds: u64,
+    },
+    /// Run one builtin function on stdin.
+    Exec { function: String },
+}
+
+fn exec(runtime: &BuiltinRuntime, name: &str) -> ExitCode {
     let mut input = String::new();
     if let Err(e) = std::io::stdin().read_to_string(&mut input) {
         eprintln!("failed to read the ResourceList from stdin: {e}");
         return ExitCode::FAILURE;
     }
-    match process_resource_list(&runtime, &name, &input) {
+    match process_resource_list(runtime, name, &input) {
         Ok((output, ok)) => {
             if let Err(e) = std::io::stdout().write_all(output.as_bytes()) {
                 eprintln!("failed to write the ResourceList: {e}");
@@ -55,4 +75,87 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn main() -> ExitCode {
+    let runtime = BuiltinRuntime::catalog();
+    let invoked = std::env::args()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or_default();
+    if runtime.names().contains(&invoked.as_str()) {
+        return exec(&runtime, &invoked);
+    }
+    match Cli::parse().command {
+        Command::Exec { function } => exec(&runtime, &function),
+        Command::Serve {
+            address,
+            metrics_address,
+            max_message_bytes,
+            exec_images,
+            exec_timeout_seconds,
+        } => match run_server(
+            address,
+            metrics_address,
+            max_message_bytes,
+            &exec_images,
+            exec_timeout_seconds,
+        ) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fn-runner: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn run_server(
+    address: SocketAddr,
+    metrics_address: SocketAddr,
+    max_message_bytes: usize,
+    exec_images: &[String],
+    exec_timeout_seconds: u64,
+) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let mut exec = ExecRuntime::new(ExecLimits {
+        timeout: std::time::Duration::from_secs(exec_timeout_seconds),
+        ..ExecLimits::default()
+    });
+    for mapping in exec_images {
+        let Some((image, path)) = mapping.split_once('=') else {
+            anyhow::bail!("--exec-image must be image=path, got {mapping:?}");
+        };
+        exec = exec.image(image, PathBuf::from(path), &[]);
+    }
+    let evaluator = Evaluator::new(BuiltinRuntime::catalog(), Some(exec));
+    let stats = evaluator.stats.clone();
+    tokio::runtime::Runtime::new()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        let metrics_listener = tokio::net::TcpListener::bind(metrics_address).await?;
+        let metrics = axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || async move { stats.render() }),
+            )
+            .route("/healthz", axum::routing::get(|| async { "ok" }));
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(metrics_listener, metrics).await {
+                tracing::error!(error = %e, "metrics server stopped");
+            }
+        });
+        tracing::info!(%address, %metrics_address, "function runner serving");
+        serve(listener, evaluator, max_message_bytes, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+        Ok(())
+    })
 }

@@ -7,9 +7,11 @@
 //! - [`runtime`]: where functions run (builtins, executables; the function
 //!   runner client).
 //! - [`builtins`]: catalog functions in Rust.
+//! - [`grpc`]: the function runner API (client runtime and service).
 //! - [`render`]: `kpt fn render`.
 
 pub mod builtins;
+pub mod grpc;
 pub mod package;
 pub mod render;
 pub mod resource;

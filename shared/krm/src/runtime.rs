@@ -221,6 +221,39 @@ impl ExecRuntime {
     }
 }
 
+impl ExecRuntime {
+    /// Runs a function on a ResourceList text as it is and returns its
+    /// stdout and stderr (the function runner's pass-through).
+    ///
+    /// # Errors
+    /// Not allowed, failed to start, timed out, non-zero exit (with results).
+    pub fn run_raw(
+        &self,
+        function: &FunctionRef,
+        input: &[u8],
+    ) -> Result<(String, String), FunctionError> {
+        let Some((program, args)) = self.resolve(function) else {
+            return Err(FunctionError::NotFound(function.display().to_owned()));
+        };
+        let (status, stdout, stderr) = run_process(&program, &args, input, &self.limits)?;
+        let stderr = String::from_utf8_lossy(&stderr).into_owned();
+        let stdout = String::from_utf8(stdout)
+            .map_err(|_| FunctionError::Runtime("function output is not UTF-8".into()))?;
+        if !status.success() {
+            let results = resourcelist::decode(&stdout)
+                .map(|d| d.results)
+                .unwrap_or_default();
+            return Err(FunctionError::Failed {
+                message: String::new(),
+                results,
+                stderr,
+                exit_code: status.code().unwrap_or(1),
+            });
+        }
+        Ok((stdout, stderr))
+    }
+}
+
 impl FunctionRuntime for ExecRuntime {
     fn handles(&self, function: &FunctionRef) -> bool {
         self.resolve(function).is_some()

@@ -3,5 +3,6 @@
 mod builtins;
 mod failures;
 mod format;
+mod grpc;
 mod render;
 mod support;
