@@ -101,3 +101,8 @@ fn conformance(fixture: &str) -> anyhow::Result<()> {
 fn catalog_functions_match_kpt_running_them_as_executables() -> anyhow::Result<()> {
     conformance("catalog")
 }
+
+#[test]
+fn set_image_and_search_replace_match_kpt() -> anyhow::Result<()> {
+    conformance("catalog-more")
+}

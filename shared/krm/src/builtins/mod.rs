@@ -9,7 +9,9 @@
 mod apply_setters;
 mod ensure_name_substring;
 mod scope;
+mod search_replace;
 mod set_annotations;
+mod set_image;
 mod set_labels;
 mod set_namespace;
 
@@ -82,6 +84,8 @@ impl BuiltinRuntime {
             Arc::new(set_annotations::SetAnnotations),
             Arc::new(apply_setters::ApplySetters),
             Arc::new(ensure_name_substring::EnsureNameSubstring),
+            Arc::new(set_image::SetImage),
+            Arc::new(search_replace::SearchReplace),
         ];
         BuiltinRuntime {
             functions: all.into_iter().map(|f| (f.name(), f)).collect(),

@@ -252,3 +252,99 @@ fn ensure_name_substring_is_idempotent_and_updates_references() {
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  prepend: a\n  append: b\n";
     assert!(run("ensure-name-substring", bad, input).is_err());
 }
+
+#[test]
+fn set_image_rewrites_containers_and_init_containers() {
+    let config = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  name: nginx\n  newTag: \"1.27\"\n";
+    let out = run(
+        "set-image",
+        config,
+        "apiVersion: batch/v1\nkind: CronJob\nmetadata:\n  name: cj\nspec:\n  jobTemplate:\n    spec:\n      template:\n        spec:\n          initContainers:\n          - name: init\n            image: nginx\n          containers:\n          - name: main\n            image: nginx:1.25 # pinned\n          - name: other\n            image: nginx-exporter:1.0\n",
+    )
+    .expect("runs");
+    let t = text(&out);
+    assert!(
+        t.contains("image: nginx:1.27\n          containers:"),
+        "{t}"
+    );
+    assert!(t.contains("image: nginx:1.27 # pinned\n"), "{t}");
+    assert!(t.contains("image: nginx-exporter:1.0\n"), "{t}");
+    assert_eq!(
+        messages(&out),
+        vec!["info: summary: updated a total of 2 image(s)"]
+    );
+    let bad = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  name: nginx\n";
+    assert!(
+        run(
+            "set-image",
+            bad,
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n"
+        )
+        .is_err()
+    );
+    let unknown =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  name: nginx\n  tag: x\n";
+    assert!(
+        run(
+            "set-image",
+            unknown,
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n"
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn search_replace_matches_whole_values_paths_and_files() {
+    let input = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  a: foo-bar\n  b: foo\n  c: xfoo\n";
+    let by_value = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-value: foo\n  put-value: baz\n";
+    let out = run("search-replace", by_value, input).expect("runs");
+    assert!(
+        text(&out).contains("  a: foo-bar\n  b: baz\n  c: xfoo\n"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(out.results[0].message, "Mutated field value to \"baz\"");
+    assert_eq!(
+        out.results[0].field.as_ref().map(|f| f.path.as_str()),
+        Some("data.b")
+    );
+
+    // The regex must match the whole value; groups fill the new value.
+    let regex = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-value-regex: foo-(.*)\n  put-value: ${1}-new\n";
+    let out = run("search-replace", regex, input).expect("runs");
+    assert!(
+        text(&out).contains("  a: bar-new\n  b: foo\n  c: xfoo\n"),
+        "{}",
+        text(&out)
+    );
+
+    let by_path = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-path: metadata.namespace\n  put-value: prod\n";
+    let out = run("search-replace", by_path, input).expect("runs");
+    assert!(
+        text(&out).contains("metadata:\n  name: cm\n  namespace: prod\n"),
+        "{}",
+        text(&out)
+    );
+
+    let comment = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-path: data.*\n  by-value: foo\n  put-comment: \"kpt-set: ${tag}\"\n";
+    let out = run("search-replace", comment, input).expect("runs");
+    assert!(
+        text(&out).contains("  b: foo # kpt-set: ${tag}\n"),
+        "{}",
+        text(&out)
+    );
+
+    let by_file = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-value: foo\n  by-file-path: other/*.yaml\n";
+    let out = run("search-replace", by_file, input).expect("runs");
+    assert_eq!(messages(&out), vec!["info: no matches"]);
+
+    for bad in [
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-value: a\n  by-value-regex: b\n",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  unknown: a\n",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-value-regex: \"(\"\n",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  by-value-regex: foo\n  put-value: ${3}\n",
+    ] {
+        assert!(run("search-replace", bad, input).is_err(), "{bad}");
+    }
+}
