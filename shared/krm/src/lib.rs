@@ -9,9 +9,11 @@
 //! - [`builtins`]: catalog functions in Rust.
 //! - [`grpc`]: the function runner API (client runtime and service).
 //! - [`render`]: `kpt fn render`.
+//! - [`merge`]: three-way merge of packages for upgrades (`kpt pkg update`).
 
 pub mod builtins;
 pub mod grpc;
+pub mod merge;
 pub mod package;
 pub mod render;
 pub mod resource;

@@ -4,5 +4,6 @@ mod builtins;
 mod failures;
 mod format;
 mod grpc;
+mod merge;
 mod render;
 mod support;
