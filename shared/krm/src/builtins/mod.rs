@@ -6,6 +6,7 @@
 //! runtime (the function runner), so a pinned older version still runs the
 //! image.
 
+mod apply_replacements;
 mod apply_setters;
 mod ensure_name_substring;
 mod scope;
@@ -86,6 +87,7 @@ impl BuiltinRuntime {
             Arc::new(ensure_name_substring::EnsureNameSubstring),
             Arc::new(set_image::SetImage),
             Arc::new(search_replace::SearchReplace),
+            Arc::new(apply_replacements::ApplyReplacements),
         ];
         BuiltinRuntime {
             functions: all.into_iter().map(|f| (f.name(), f)).collect(),

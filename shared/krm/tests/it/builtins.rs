@@ -348,3 +348,74 @@ fn search_replace_matches_whole_values_paths_and_files() {
         assert!(run("search-replace", bad, input).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn apply_replacements_copies_fields_with_delimiters_and_creation() {
+    let config = r#"apiVersion: fn.kpt.dev/v1alpha1
+kind: ApplyReplacements
+metadata:
+  name: r
+replacements:
+- source:
+    kind: ConfigMap
+    name: settings
+    fieldPath: data.image
+  targets:
+  - select:
+      kind: Job
+    fieldPaths:
+    - spec.template.spec.containers.[name=main].image
+  - select:
+      kind: Job
+    fieldPaths:
+    - metadata.annotations.image
+    options:
+      create: true
+- source:
+    kind: ConfigMap
+    name: settings
+    fieldPath: data.version
+  targets:
+  - select:
+      kind: Job
+    fieldPaths:
+    - metadata.labels.release
+    options:
+      delimiter: "-"
+      index: 1
+"#;
+    let input = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  image: registry.example.com/job:2.0\n  version: v2\n---\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: job\n  labels:\n    release: app-v1 # release\nspec:\n  template:\n    spec:\n      containers:\n      - name: main\n        image: job:1.0\n      - name: side\n        image: side:1.0\n";
+    let out = run("apply-replacements", config, input).expect("runs");
+    let t = text(&out);
+    assert!(t.contains("release: app-v2 # release\n"), "{t}");
+    assert!(
+        t.contains("  - name: main\n        image: registry.example.com/job:2.0\n"),
+        "{t}"
+    );
+    assert!(
+        t.contains("  - name: side\n        image: side:1.0\n"),
+        "{t}"
+    );
+    assert!(
+        t.contains("annotations:\n    image: registry.example.com/job:2.0\n"),
+        "{t}"
+    );
+
+    for (config, message) in [
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n",
+            "unknown functionConfig",
+        ),
+        (
+            "apiVersion: fn.kpt.dev/v1alpha1\nkind: ApplyReplacements\nmetadata:\n  name: r\nreplacements:\n- source:\n    kind: Secret\n  targets: []\n",
+            "nothing selected",
+        ),
+        (
+            "apiVersion: fn.kpt.dev/v1alpha1\nkind: ApplyReplacements\nmetadata:\n  name: r\nreplacements:\n- sourceValue: x\n  targets:\n  - select:\n      kind: Job\n    fieldPaths: [spec.missing]\n",
+            "unable to find field",
+        ),
+    ] {
+        let err = run("apply-replacements", config, input).expect_err("fails");
+        assert!(err.to_string().contains(message), "{message}: {err}");
+    }
+}
