@@ -105,6 +105,82 @@ pub fn path_order(a: &str, b: &str) -> std::cmp::Ordering {
     a.split('/').cmp(b.split('/'))
 }
 
+/// A package's `.krmignore` (gitignore syntax, the common subset): blank
+/// lines and `#` comments skipped; `dir/` matches directories; a pattern
+/// with a `/` is anchored to the package, one without matches any name;
+/// `*`, `?` and `**` globs; `!` re-includes.
+#[derive(Debug, Default, Clone)]
+struct Ignore {
+    rules: Vec<(bool, bool, bool, String)>,
+}
+
+impl Ignore {
+    fn parse(text: &str) -> Self {
+        let mut rules = Vec::new();
+        for line in text.lines() {
+            let line = line.trim_end();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (negate, line) = match line.strip_prefix('!') {
+                Some(rest) => (true, rest),
+                None => (false, line),
+            };
+            let (dir_only, line) = match line.strip_suffix('/') {
+                Some(rest) => (true, rest),
+                None => (false, line),
+            };
+            let anchored = line.contains('/');
+            rules.push((
+                negate,
+                dir_only,
+                anchored,
+                line.trim_start_matches('/').to_owned(),
+            ));
+        }
+        Ignore { rules }
+    }
+
+    /// Whether a path relative to the package is ignored.
+    fn ignores(&self, rel: &str) -> bool {
+        let segments: Vec<&str> = rel.split('/').collect();
+        let mut ignored = false;
+        for (negate, dir_only, anchored, pattern) in &self.rules {
+            // Every directory prefix, then (unless dir-only) the file itself.
+            let candidates = (1..=segments.len()).filter(|&n| !*dir_only || n < segments.len());
+            let hit = candidates.into_iter().any(|n| {
+                if *anchored {
+                    glob(pattern, &segments[..n].join("/"))
+                } else {
+                    glob(pattern, segments[n - 1])
+                }
+            });
+            if hit {
+                ignored = !negate;
+            }
+        }
+        ignored
+    }
+}
+
+fn glob(pattern: &str, text: &str) -> bool {
+    fn go(p: &[u8], s: &[u8]) -> bool {
+        match p.first() {
+            None => s.is_empty(),
+            Some(b'*') if p.get(1) == Some(&b'*') => {
+                let rest = p[2..].strip_prefix(b"/").unwrap_or(&p[2..]);
+                (0..=s.len()).any(|i| go(rest, &s[i..]))
+            }
+            Some(b'*') => (0..=s.len())
+                .take_while(|&i| i == 0 || s[i - 1] != b'/')
+                .any(|i| go(&p[1..], &s[i..])),
+            Some(b'?') => !s.is_empty() && s[0] != b'/' && go(&p[1..], &s[1..]),
+            Some(c) => s.first() == Some(c) && go(&p[1..], &s[1..]),
+        }
+    }
+    go(pattern.as_bytes(), text.as_bytes())
+}
+
 /// All resources of the package tree, each package's in file order, packages
 /// in walk order.
 ///
@@ -114,6 +190,18 @@ pub fn read_resources(files: &Files) -> Result<Vec<Resource>, PackageError> {
     let dirs = package_dirs(files);
     let mut paths: Vec<&String> = files.keys().filter(|p| is_krm_file(p)).collect();
     paths.sort_by(|a, b| path_order(a, b));
+    let ignores: BTreeMap<&String, Ignore> = dirs
+        .iter()
+        .filter_map(|d| {
+            let file = if d.is_empty() {
+                ".krmignore".to_owned()
+            } else {
+                format!("{d}/.krmignore")
+            };
+            let text = std::str::from_utf8(files.get(&file)?).ok()?;
+            Some((d, Ignore::parse(text)))
+        })
+        .collect();
     let mut out = Vec::new();
     for path in paths {
         check_path(path)?;
@@ -123,6 +211,18 @@ pub fn read_resources(files: &Files) -> Result<Vec<Resource>, PackageError> {
         let Some(package) = owner(path, &dirs) else {
             continue;
         };
+        let rel_to_package = if package.is_empty() {
+            path.as_str()
+        } else {
+            &path[package.len() + 1..]
+        };
+        if rel_to_package != "Kptfile"
+            && ignores
+                .get(package)
+                .is_some_and(|i| i.ignores(rel_to_package))
+        {
+            continue;
+        }
         let bytes = &files[path];
         if bytes.len() > MAX_FILE_BYTES {
             return Err(PackageError::TooLarge {
@@ -303,5 +403,24 @@ pub fn to_block_style(node: &mut Node) {
             to_block_style(v);
         }),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn krmignore_follows_gitignore_rules() {
+        let ignore =
+            Ignore::parse("# comment\n\nbuild/\n*.tmp.yaml\n/docs/*.yaml\n!docs/keep.yaml\n");
+        assert!(ignore.ignores("build/out.yaml"));
+        assert!(ignore.ignores("a/build/out.yaml"));
+        assert!(!ignore.ignores("build"));
+        assert!(ignore.ignores("x.tmp.yaml"));
+        assert!(ignore.ignores("docs/a.yaml"));
+        assert!(!ignore.ignores("docs/keep.yaml"));
+        assert!(!ignore.ignores("other/docs/a.yaml"));
+        assert!(!ignore.ignores("app.yaml"));
     }
 }

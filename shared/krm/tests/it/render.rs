@@ -70,3 +70,82 @@ fn nested_packages_render_byte_identical_to_kpt() -> anyhow::Result<()> {
     assert_eq!(rendered.steps[0].package, "sub");
     Ok(())
 }
+
+/// Records which objects each call saw.
+#[derive(Debug, Default)]
+struct Recorder(std::sync::Mutex<Vec<(String, Vec<String>)>>);
+
+impl porch_krm::runtime::FunctionRuntime for Recorder {
+    fn run(
+        &self,
+        call: porch_krm::runtime::Call<'_>,
+    ) -> Result<porch_krm::runtime::FunctionOutput, porch_krm::runtime::FunctionError> {
+        let names = call
+            .items
+            .iter()
+            .map(|r| format!("{}/{}", r.kind(), r.name()))
+            .collect();
+        self.0
+            .lock()
+            .expect("lock")
+            .push((call.package.to_owned(), names));
+        Ok(porch_krm::runtime::FunctionOutput {
+            items: call.items,
+            ..Default::default()
+        })
+    }
+}
+
+fn tree(bfs: bool) -> Files {
+    let annotation = if bfs {
+        "  annotations:\n    kpt.dev/bfs-rendering: \"true\"\n"
+    } else {
+        ""
+    };
+    let kptfile = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: {name}\n{extra}pipeline:\n  mutators:\n  - image: record\n"
+        )
+    };
+    let cm = |name: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n");
+    [
+        ("Kptfile".to_owned(), kptfile("root", annotation)),
+        ("root.yaml".to_owned(), cm("root")),
+        ("a/Kptfile".to_owned(), kptfile("a", "")),
+        ("a/a.yaml".to_owned(), cm("a")),
+        ("a/b/Kptfile".to_owned(), kptfile("b", "")),
+        ("a/b/b.yaml".to_owned(), cm("b")),
+        ("c/Kptfile".to_owned(), kptfile("c", "")),
+        ("c/c.yaml".to_owned(), cm("c")),
+    ]
+    .into_iter()
+    .map(|(p, c)| (p, c.into_bytes()))
+    .collect()
+}
+
+#[test]
+fn packages_render_depth_first_or_breadth_first() {
+    let recorder = Recorder::default();
+    let rendered = render(&tree(false), &recorder, &kpt_options());
+    assert_eq!(rendered.error, None);
+    let calls = recorder.0.lock().expect("lock").clone();
+    let order: Vec<&str> = calls.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(order, vec!["a/b", "a", "c", ""]);
+    // Each package sees itself and its descendants, own resources first.
+    assert_eq!(
+        calls[1].1,
+        vec!["Kptfile/a", "ConfigMap/a", "Kptfile/b", "ConfigMap/b"]
+    );
+    assert_eq!(calls[3].1.len(), 8);
+
+    let recorder = Recorder::default();
+    let rendered = render(&tree(true), &recorder, &kpt_options());
+    assert_eq!(rendered.error, None);
+    let calls = recorder.0.lock().expect("lock").clone();
+    let order: Vec<&str> = calls.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(order, vec!["", "a", "c", "a/b"]);
+    assert_eq!(calls[0].1.len(), 8);
+    assert_eq!(calls[3].1, vec!["Kptfile/b", "ConfigMap/b"]);
+    // Nothing changed, so nothing moved.
+    assert_eq!(rendered.files, tree(true));
+}
