@@ -15,6 +15,7 @@ mod set_annotations;
 mod set_image;
 mod set_labels;
 mod set_namespace;
+mod starlark;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,6 +89,7 @@ impl BuiltinRuntime {
             Arc::new(set_image::SetImage),
             Arc::new(search_replace::SearchReplace),
             Arc::new(apply_replacements::ApplyReplacements),
+            Arc::new(starlark::Starlark),
         ];
         BuiltinRuntime {
             functions: all.into_iter().map(|f| (f.name(), f)).collect(),

@@ -419,3 +419,45 @@ replacements:
         assert!(err.to_string().contains(message), "{message}: {err}");
     }
 }
+
+#[test]
+fn starlark_scripts_change_items_and_keep_formatting() {
+    let config = r#"apiVersion: fn.kpt.dev/v1alpha1
+kind: StarlarkRun
+metadata:
+  name: set-ns
+source: |
+  def set_namespace(resources, namespace):
+    for r in resources:
+      r["metadata"]["namespace"] = namespace
+  set_namespace(ctx.resource_list["items"], "prod")
+  print("done")
+"#;
+    let input = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm # keep me\n  labels: {app: web}\ndata:\n  n: \"1\"\n  s: 'single'\n  list:\n  - a\n";
+    let out = run("starlark", config, input).expect("runs");
+    assert_eq!(
+        text(&out),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm # keep me\n  labels: {app: web}\n  namespace: prod\ndata:\n  n: \"1\"\n  s: 'single'\n  list:\n  - a\n"
+    );
+    assert_eq!(out.items[0].origin.path, "res.yaml");
+    assert_eq!(messages(&out), vec!["info: done\n"]);
+
+    // New objects and removed ones.
+    let config = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  source: |\n    ctx.resource_list[\"items\"] = [{\"apiVersion\": \"v1\", \"kind\": \"Namespace\", \"metadata\": {\"name\": \"gen\"}}]\n";
+    let out = run("starlark", config, input).expect("runs");
+    assert_eq!(
+        text(&out),
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: gen\n"
+    );
+    assert_eq!(out.items[0].origin.path, "");
+
+    // fail() and syntax errors fail the function.
+    for source in ["fail(\"no way\")", "def x(:\n"] {
+        let config = format!(
+            "apiVersion: fn.kpt.dev/v1alpha1\nkind: StarlarkRun\nmetadata:\n  name: f\nsource: {}\n",
+            serde_json::to_string(source).expect("json string")
+        );
+        let err = run("starlark", &config, input).expect_err("fails");
+        assert!(err.to_string().contains("starlark"), "{err}");
+    }
+}
