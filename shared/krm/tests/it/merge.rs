@@ -74,7 +74,14 @@ fn resource_merge_matches_kpt_pkg_update() -> anyhow::Result<()> {
     let fetched = read_tree(&local_dir);
 
     // Local edits, then upstream v2.
-    let edits = read_tree(&fixtures().join("merge/local"));
+    let mut edits = read_tree(&fixtures().join("merge/local"));
+    // A function added locally next to the one upstream changes.
+    let kptfile = String::from_utf8(fetched["Kptfile"].clone())?.replace(
+        "pipeline:\n  mutators:\n",
+        "pipeline:\n  mutators:\n    - image: set-annotations:v0.1\n      configMap:\n        owner: me\n",
+    );
+    assert!(kptfile.contains("owner: me"));
+    edits.insert("Kptfile".into(), kptfile.into_bytes());
     write(&local_dir, &edits);
     let mut local = fetched.clone();
     local.extend(edits);
@@ -100,9 +107,21 @@ fn resource_merge_matches_kpt_pkg_update() -> anyhow::Result<()> {
             .map(|(p, b)| (p, String::from_utf8(b).unwrap_or_default()))
             .collect::<Vec<_>>(),
     );
-    // The pipeline change upstream reached the Kptfile; the name stayed local.
+    // The Kptfile: the same apart from the upstream fields kpt takes from git.
+    let strip = |bytes: &[u8]| -> anyhow::Result<String> {
+        let mut node =
+            porch_krm::yaml::parse_document(std::str::from_utf8(bytes)?)?.unwrap_or_default();
+        node.remove("upstream");
+        node.remove("upstreamLock");
+        Ok(porch_krm::yaml::emit_document(
+            &node,
+            porch_krm::yaml::SeqIndent::Wide,
+        ))
+    };
+    assert_eq!(strip(&merged["Kptfile"])?, strip(&expected["Kptfile"])?);
     let kptfile = String::from_utf8(merged["Kptfile"].clone())?;
     assert!(kptfile.contains("app: b"), "{kptfile}");
+    assert!(kptfile.contains("owner: me"), "{kptfile}");
     assert!(kptfile.contains("name: local"), "{kptfile}");
     Ok(())
 }
