@@ -124,6 +124,7 @@ fn main() {
     let kpt_runs = arg("--kpt-runs", 3);
     let options = RenderOptions {
         record_status: false,
+        attribution: Some("kpt-fn".into()),
         ..RenderOptions::default()
     };
 

@@ -33,6 +33,10 @@ pub struct RenderOptions {
     /// Record the `Rendered` condition and `renderStatus` in the root Kptfile,
     /// as the kpt Porch uses does (kpt before 1.0.0-beta.6x does not).
     pub record_status: bool,
+    /// The value render adds to `cnrm.cloud.google.com/blueprint` on Config
+    /// Connector objects (kpt's attribution; `None` turns it off, as
+    /// `KRM_DISABLE_ATTRIBUTION` does). kpt 1.0.0-beta.56 writes `kpt-fn`.
+    pub attribution: Option<String>,
 }
 
 impl Default for RenderOptions {
@@ -40,6 +44,7 @@ impl Default for RenderOptions {
         RenderOptions {
             image_prefix: crate::runtime::DEFAULT_IMAGE_PREFIX.to_owned(),
             record_status: true,
+            attribution: Some("krm-fn".to_owned()),
         }
     }
 }
@@ -215,7 +220,10 @@ impl Run<'_> {
         let all: Vec<Resource> = by_package.into_values().flatten().collect();
         match outcome {
             Ok(()) => {
-                let all = assign_generated_paths(all);
+                let mut all = assign_generated_paths(all);
+                if let Some(value) = &self.options.attribution {
+                    all.iter_mut().for_each(|r| attribute(r, value));
+                }
                 package::write_resources(files, all, &previous).map_err(|e| fail(e.into()))
             }
             Err(error) => {
@@ -448,6 +456,37 @@ impl Run<'_> {
         }
         self.steps.push(record);
         Ok(merged)
+    }
+}
+
+/// Annotation kpt extends on Config Connector objects.
+const BLUEPRINT_ANNOTATION: &str = "cnrm.cloud.google.com/blueprint";
+
+/// kpt's attribution: Config Connector objects (`*.cnrm.*` API groups) get
+/// `value` in their blueprint annotation, appended to what is there.
+fn attribute(r: &mut Resource, value: &str) {
+    if !r.api_version().contains(".cnrm.") {
+        return;
+    }
+    match r.annotation(BLUEPRINT_ANNOTATION).map(str::to_owned) {
+        Some(current) if current.split(',').any(|v| v.trim() == value) => {}
+        Some(current) => {
+            if let Some(slot) =
+                r.object
+                    .lookup_mut(&["metadata", "annotations", BLUEPRINT_ANNOTATION])
+            {
+                slot.value = Value::Scalar(format!("{current},{value}"));
+            }
+        }
+        None => {
+            r.set_annotation(BLUEPRINT_ANNOTATION, value);
+            if let Some(slot) =
+                r.object
+                    .lookup_mut(&["metadata", "annotations", BLUEPRINT_ANNOTATION])
+            {
+                slot.style = Style::SingleQuoted;
+            }
+        }
     }
 }
 

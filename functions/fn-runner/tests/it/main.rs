@@ -82,6 +82,7 @@ fn conformance(fixture: &str) -> anyhow::Result<()> {
     let runtime = Runtimes::new().with(Arc::new(ExecAsBuiltin(BuiltinRuntime::catalog())));
     let options = RenderOptions {
         record_status: false,
+        attribution: Some("kpt-fn".into()),
         ..RenderOptions::default()
     };
     let rendered = render(&files, &runtime, &options);

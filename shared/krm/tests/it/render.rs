@@ -39,6 +39,7 @@ fn kpt_options() -> RenderOptions {
     // kpt 1.0.0-beta.56 does not record render status in the Kptfile.
     RenderOptions {
         record_status: false,
+        attribution: Some("kpt-fn".into()),
         ..RenderOptions::default()
     }
 }
