@@ -658,6 +658,13 @@ pub fn add_merge_keys(files: &Files, include_kptfiles: bool) -> Result<Files, Me
                 };
                 let value = format!("{}|{}|{ns}|{name}", r.group(), r.kind());
                 r.set_annotation(UPSTREAM_IDENTIFIER, &value);
+                // kyaml writes annotation values it sets single-quoted.
+                if let Some(slot) =
+                    r.object
+                        .lookup_mut(&["metadata", "annotations", UPSTREAM_IDENTIFIER])
+                {
+                    slot.style = crate::yaml::Style::SingleQuoted;
+                }
             }
         }
         out.push(r);

@@ -56,10 +56,10 @@ fn without_kptfile(files: &Files) -> Files {
         .collect()
 }
 
-#[test]
-fn resource_merge_matches_kpt_pkg_update() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let upstream = dir.path().join("upstream");
+/// Upstream at v1 and v2 in a git repository, a package fetched at v1 with
+/// kpt and edited: returns (v1, v2, the local files, the local directory).
+fn scenario(dir: &Path) -> anyhow::Result<(Files, Files, Files, std::path::PathBuf)> {
+    let upstream = dir.join("upstream");
     std::fs::create_dir_all(upstream.join("pkg"))?;
     git(&upstream, &["init", "-q"]);
     let v1 = read_tree(&fixtures().join("merge/v1"));
@@ -69,8 +69,8 @@ fn resource_merge_matches_kpt_pkg_update() -> anyhow::Result<()> {
     git(&upstream, &["commit", "-qm", "v1"]);
     git(&upstream, &["tag", "v1"]);
     let repo = format!("file://{}/.git/pkg", upstream.display());
-    kpt(dir.path(), &["pkg", "get", &format!("{repo}@v1"), "local"]);
-    let local_dir = dir.path().join("local");
+    kpt(dir, &["pkg", "get", &format!("{repo}@v1"), "local"]);
+    let local_dir = dir.join("local");
     let fetched = read_tree(&local_dir);
 
     // Local edits, then upstream v2.
@@ -83,46 +83,92 @@ fn resource_merge_matches_kpt_pkg_update() -> anyhow::Result<()> {
     assert!(kptfile.contains("owner: me"));
     edits.insert("Kptfile".into(), kptfile.into_bytes());
     write(&local_dir, &edits);
-    let mut local = fetched.clone();
+    let mut local = fetched;
     local.extend(edits);
     std::fs::remove_dir_all(upstream.join("pkg"))?;
     write(&upstream.join("pkg"), &v2);
     git(&upstream, &["add", "-A"]);
     git(&upstream, &["commit", "-qm", "v2"]);
     git(&upstream, &["tag", "v2"]);
+    Ok((v1, v2, local, local_dir))
+}
+
+/// The Kptfile without the upstream fields kpt takes from git.
+fn strip_upstream(bytes: &[u8]) -> anyhow::Result<String> {
+    let mut node =
+        porch_krm::yaml::parse_document(std::str::from_utf8(bytes)?)?.unwrap_or_default();
+    node.remove("upstream");
+    node.remove("upstreamLock");
+    Ok(porch_krm::yaml::emit_document(
+        &node,
+        porch_krm::yaml::SeqIndent::Wide,
+    ))
+}
+
+fn as_text(files: &Files) -> Vec<(String, String)> {
+    files
+        .iter()
+        .filter(|(p, _)| p.as_str() != "Kptfile")
+        .map(|(p, b)| (p.clone(), String::from_utf8_lossy(b).into_owned()))
+        .collect()
+}
+
+#[test]
+fn resource_merge_matches_kpt_pkg_update() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (v1, v2, local, local_dir) = scenario(dir.path())?;
     kpt(dir.path(), &["pkg", "update", "local@v2"]);
     let expected = read_tree(&local_dir);
 
-    // Ours: kpt's `pkg get` output as original needs its Kptfile name; the
-    // upstream files are the original and updated packages.
     let merged = update(&v1, &v2, &local, Strategy::ResourceMerge)?;
     let merged = add_merge_keys(&merged, false)?;
-    assert_eq!(
-        without_kptfile(&merged)
-            .into_iter()
-            .map(|(p, b)| (p, String::from_utf8(b).unwrap_or_default()))
-            .collect::<Vec<_>>(),
-        without_kptfile(&expected)
-            .into_iter()
-            .map(|(p, b)| (p, String::from_utf8(b).unwrap_or_default()))
-            .collect::<Vec<_>>(),
-    );
+    assert_eq!(as_text(&merged), as_text(&expected));
     // The Kptfile: the same apart from the upstream fields kpt takes from git.
-    let strip = |bytes: &[u8]| -> anyhow::Result<String> {
-        let mut node =
-            porch_krm::yaml::parse_document(std::str::from_utf8(bytes)?)?.unwrap_or_default();
-        node.remove("upstream");
-        node.remove("upstreamLock");
-        Ok(porch_krm::yaml::emit_document(
-            &node,
-            porch_krm::yaml::SeqIndent::Wide,
-        ))
-    };
-    assert_eq!(strip(&merged["Kptfile"])?, strip(&expected["Kptfile"])?);
+    assert_eq!(
+        strip_upstream(&merged["Kptfile"])?,
+        strip_upstream(&expected["Kptfile"])?
+    );
     let kptfile = String::from_utf8(merged["Kptfile"].clone())?;
     assert!(kptfile.contains("app: b"), "{kptfile}");
     assert!(kptfile.contains("owner: me"), "{kptfile}");
     assert!(kptfile.contains("name: local"), "{kptfile}");
+    Ok(())
+}
+
+#[test]
+fn the_other_strategies_match_kpt_pkg_update() -> anyhow::Result<()> {
+    // copy-merge is newer than kpt 1.0.0-beta.56; the file vectors below
+    // cover it.
+    for (name, strategy) in [
+        ("force-delete-replace", Strategy::ForceDeleteReplace),
+        ("fast-forward", Strategy::FastForward),
+    ] {
+        let dir = tempfile::tempdir()?;
+        let (v1, v2, local, local_dir) = scenario(dir.path())?;
+        let output = Command::new("kpt")
+            .args(["pkg", "update", "local@v2", "--strategy", name])
+            .current_dir(dir.path())
+            .output()?;
+        let ours = update(&v1, &v2, &local, strategy);
+        if strategy == Strategy::FastForward {
+            // The local copy changed: both refuse.
+            assert!(!output.status.success(), "{name}");
+            assert!(
+                String::from_utf8_lossy(&output.stderr)
+                    .contains("local package files have been modified")
+            );
+            assert!(matches!(ours, Err(MergeError::LocalChanges(_))), "{ours:?}");
+            continue;
+        }
+        assert!(
+            output.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let expected = read_tree(&local_dir);
+        let ours = add_merge_keys(&ours?, false)?;
+        assert_eq!(as_text(&ours), as_text(&expected), "{name}");
+    }
     Ok(())
 }
 
