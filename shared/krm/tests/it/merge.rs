@@ -48,14 +48,6 @@ fn write(dir: &Path, files: &Files) {
     }
 }
 
-fn without_kptfile(files: &Files) -> Files {
-    files
-        .iter()
-        .filter(|(p, _)| p.as_str() != "Kptfile")
-        .map(|(p, b)| (p.clone(), b.clone()))
-        .collect()
-}
-
 /// Upstream at v1 and v2 in a git repository, a package fetched at v1 with
 /// kpt and edited: returns (v1, v2, the local files, the local directory).
 fn scenario(dir: &Path) -> anyhow::Result<(Files, Files, Files, std::path::PathBuf)> {
