@@ -239,6 +239,7 @@ impl Evaluator {
         &self,
         image: &str,
         input: &str,
+        deadline: Option<Duration>,
     ) -> Result<(String, String), FunctionError> {
         let image = crate::runtime::normalize_image(image, &self.prefix);
         if self.builtins.lookup(&image).is_some() {
@@ -247,7 +248,7 @@ impl Evaluator {
         if let Some(exec) = &self.exec
             && exec.handles(&FunctionRef::Image(image.clone()))
         {
-            return exec.run_raw(&FunctionRef::Image(image), input.as_bytes());
+            return exec.run_raw(&FunctionRef::Image(image), input.as_bytes(), deadline);
         }
         Err(FunctionError::NotFound(image))
     }
@@ -278,6 +279,21 @@ fn evaluate_builtin(
     })
 }
 
+/// The `grpc-timeout` header: digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 fn summarize(results: &[ResultItem]) -> String {
     results
         .iter()
@@ -302,6 +318,11 @@ impl FunctionEvaluator for Evaluator {
         &self,
         request: Request<EvaluateFunctionRequest>,
     ) -> Result<Response<EvaluateFunctionResponse>, Status> {
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout);
         let request = request.into_inner();
         let input = String::from_utf8(request.resource_list)
             .map_err(|_| Status::invalid_argument("resource_list is not UTF-8"))?;
@@ -309,7 +330,8 @@ impl FunctionEvaluator for Evaluator {
         let image = request.image;
         let started = Instant::now();
         let outcome = tokio::task::spawn_blocking(move || {
-            this.evaluate_text(&image, &input).map_err(|e| (image, e))
+            this.evaluate_text(&image, &input, deadline)
+                .map_err(|e| (image, e))
         })
         .await
         .map_err(|e| Status::internal(format!("evaluation task failed: {e}")))?;
@@ -381,4 +403,19 @@ pub async fn serve(
             shutdown,
         )
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("300m"), Some(Duration::from_millis(300)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(parse_grpc_timeout("5q"), None);
+    }
 }

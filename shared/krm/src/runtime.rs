@@ -2,6 +2,7 @@
 //! function runner over gRPC, then allow-listed executables.
 
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -223,7 +224,11 @@ impl ExecRuntime {
 
 impl ExecRuntime {
     /// Runs a function on a ResourceList text as it is and returns its
-    /// stdout and stderr (the function runner's pass-through).
+    /// stdout and stderr (the function runner's pass-through). A caller's
+    /// deadline shortens the timeout, so nothing runs for a caller that has
+    /// given up. A caller's
+    /// deadline shortens the timeout, so nothing runs for a caller that has
+    /// given up.
     ///
     /// # Errors
     /// Not allowed, failed to start, timed out, non-zero exit (with results).
@@ -231,11 +236,16 @@ impl ExecRuntime {
         &self,
         function: &FunctionRef,
         input: &[u8],
+        deadline: Option<Duration>,
     ) -> Result<(String, String), FunctionError> {
         let Some((program, args)) = self.resolve(function) else {
             return Err(FunctionError::NotFound(function.display().to_owned()));
         };
-        let (status, stdout, stderr) = run_process(&program, &args, input, &self.limits)?;
+        let mut limits = self.limits.clone();
+        if let Some(deadline) = deadline {
+            limits.timeout = limits.timeout.min(deadline);
+        }
+        let (status, stdout, stderr) = run_process(&program, &args, input, &limits)?;
         let stderr = String::from_utf8_lossy(&stderr).into_owned();
         let stdout = String::from_utf8(stdout)
             .map_err(|_| FunctionError::Runtime("function output is not UTF-8".into()))?;
@@ -302,6 +312,8 @@ fn run_process(
 ) -> Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>), FunctionError> {
     let mut child = Command::new(program)
         .args(args)
+        // Its own process group, so a timeout stops what it started too.
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -341,6 +353,12 @@ fn run_process(
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if started.elapsed() > limits.timeout => {
+                if let Ok(pid) = i32::try_from(child.id()) {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(FunctionError::Runtime(format!(

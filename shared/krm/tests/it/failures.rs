@@ -118,7 +118,12 @@ fn a_successful_render_records_rendered_true() {
 #[test]
 fn a_function_that_hangs_is_stopped() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let f = script(dir.path(), "hang.sh", "sleep 30");
+    let pidfile = dir.path().join("child.pid");
+    let f = script(
+        dir.path(),
+        "hang.sh",
+        &format!("sleep 30 &\necho $! > {}\nwait", pidfile.display()),
+    );
     let limits = ExecLimits {
         timeout: Duration::from_millis(300),
         ..ExecLimits::default()
@@ -132,6 +137,15 @@ fn a_function_that_hangs_is_stopped() {
         error_text(&rendered)
     );
     assert_eq!(rendered.files, input);
+    // What the function started is stopped with it.
+    let pid = std::fs::read_to_string(&pidfile).expect("the function wrote its child's pid");
+    std::thread::sleep(Duration::from_millis(200));
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).unwrap_or_default();
+    assert!(
+        status.is_empty() || status.contains("State:\tZ"),
+        "{status}"
+    );
 }
 
 #[test]

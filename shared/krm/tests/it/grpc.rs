@@ -168,7 +168,7 @@ async fn a_server_that_is_down_is_a_clear_error() {
 async fn a_slow_function_hits_the_deadline() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("slow.sh");
-    std::fs::write(&path, "#!/bin/sh\nsleep 2\ncat\n").expect("write");
+    std::fs::write(&path, "#!/bin/sh\nsleep 30\ncat\n").expect("write");
     let mut perms = std::fs::metadata(&path).expect("stat").permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
     std::fs::set_permissions(&path, perms).expect("chmod");
