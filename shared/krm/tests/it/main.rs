@@ -7,3 +7,4 @@ mod grpc;
 mod merge;
 mod render;
 mod support;
+mod vectors;
