@@ -163,7 +163,8 @@ impl Ignore {
     }
 }
 
-fn glob(pattern: &str, text: &str) -> bool {
+/// A glob over slash paths: `*` and `?` within a segment, `**` across.
+pub(crate) fn glob(pattern: &str, text: &str) -> bool {
     fn go(p: &[u8], s: &[u8]) -> bool {
         match p.first() {
             None => s.is_empty(),

@@ -920,10 +920,10 @@ fn render_status(steps: &[StepRecord], error: Option<&RenderError>) -> Option<Kp
 }
 
 fn step_item(r: &ResultItem) -> StepResultItem {
-    let stringify = |v: &serde_json::Value| match v {
-        serde_json::Value::Null => String::new(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
+    let stringify = |v: &Option<serde_json::Value>| match v {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
     };
     StepResultItem {
         message: r.message.clone(),
@@ -942,10 +942,7 @@ fn step_item(r: &ResultItem) -> StepResultItem {
             current_value: stringify(&f.current_value),
             proposed_value: stringify(&f.proposed_value),
         }),
-        file: r.file.as_ref().map(|f| porch_api::v1alpha1::FileRef {
-            path: f.path.clone(),
-            index: f.index,
-        }),
+        file: r.file.clone(),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+pub use porch_api::v1alpha1::{FieldRef as Field, FileRef, ResourceRef};
 use serde::{Deserialize, Serialize};
 
 use crate::resource::{
@@ -87,43 +88,6 @@ impl ResultItem {
     pub fn is_error(&self) -> bool {
         self.severity == "error" || self.severity.is_empty()
     }
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct ResourceRef {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub api_version: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub namespace: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct Field {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub path: String,
-    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
-    pub current_value: serde_json::Value,
-    #[serde(
-        default,
-        alias = "suggestedValue",
-        skip_serializing_if = "serde_json::Value::is_null"
-    )]
-    pub proposed_value: serde_json::Value,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct FileRef {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub path: String,
-    #[serde(default)]
-    pub index: i64,
 }
 
 /// Why a function's output could not be read.
@@ -270,6 +234,14 @@ fn decode_result(mut value: serde_json::Value) -> Result<ResultItem, WireError> 
             }
         }
         map.remove("metadata");
+    }
+    // The legacy `suggestedValue` is `proposedValue`.
+    if let Some(field) = value
+        .get_mut("field")
+        .and_then(serde_json::Value::as_object_mut)
+        && let Some(suggested) = field.remove("suggestedValue")
+    {
+        field.entry("proposedValue").or_insert(suggested);
     }
     serde_json::from_value(value).map_err(|e| WireError::Shape(format!("bad result: {e}")))
 }

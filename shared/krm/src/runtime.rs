@@ -270,35 +270,10 @@ impl FunctionRuntime for ExecRuntime {
     }
 
     fn run(&self, call: Call<'_>) -> Result<FunctionOutput, FunctionError> {
-        let Some((program, args)) = self.resolve(call.function) else {
-            return Err(FunctionError::NotFound(call.function.display().to_owned()));
-        };
         let input = resourcelist::encode(&call.items, call.config);
-        let (status, stdout, stderr) =
-            run_process(&program, &args, input.as_bytes(), &self.limits)?;
-        let stderr = String::from_utf8_lossy(&stderr).into_owned();
-        let text = String::from_utf8(stdout)
-            .map_err(|_| FunctionError::Runtime("function output is not UTF-8".into()))?;
-        let decoded = if text.trim().is_empty() && !status.success() {
-            None
-        } else {
-            Some(resourcelist::decode(&text))
-        };
-        if !status.success() {
-            let results = decoded
-                .and_then(Result::ok)
-                .map(|d| d.results)
-                .unwrap_or_default();
-            return Err(FunctionError::Failed {
-                message: String::new(),
-                results,
-                stderr,
-                exit_code: status.code().unwrap_or(1),
-            });
-        }
-        let decoded = decoded
-            .unwrap_or_else(|| resourcelist::decode(&text))
-            .map_err(|e| FunctionError::Runtime(e.to_string()))?;
+        let (stdout, stderr) = self.run_raw(call.function, input.as_bytes(), None)?;
+        let decoded =
+            resourcelist::decode(&stdout).map_err(|e| FunctionError::Runtime(e.to_string()))?;
         crate::render::from_wire_output(&call.items, decoded, call.package, stderr)
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use super::{Builtin, Failure, config_data, config_kind, is_gvk, typed_config};
+use super::{Builtin, Failure, FieldSpec, config_data, config_kind, is_gvk, typed_config};
 use crate::resource::Resource;
 use crate::resourcelist::ResultItem;
 use crate::yaml::Node;
@@ -20,19 +20,6 @@ const DEPENDS_ON: &str = "config.kubernetes.io/depends-on";
 enum Mode {
     Prepend,
     Append,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct FieldSpec {
-    #[serde(default)]
-    group: String,
-    #[serde(default)]
-    version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    path: String,
 }
 
 #[derive(Deserialize)]
@@ -286,10 +273,9 @@ impl Builtin for EnsureNameSubstring {
                 count += 1;
             }
             for spec in &specs {
-                if !is_gvk(r, &spec.group, &spec.version, &spec.kind) || spec.path.is_empty() {
+                let Some(path) = spec.segments_for(r) else {
                     continue;
-                }
-                let path: Vec<&str> = spec.path.split('/').collect();
+                };
                 if let Some(slot) = r.object.lookup_mut(&path)
                     && let Some(old) = slot.as_str().map(str::to_owned)
                     && let Some(new) = edit(&old, &substring, mode)

@@ -193,6 +193,32 @@ impl FunctionRuntime for BuiltinRuntime {
     }
 }
 
+/// A field of some kinds a function also edits (`additional…Fields`,
+/// `fieldSpecs`): the kind by group/version/kind (empty matches any), the
+/// field by a slash path.
+#[derive(serde::Deserialize, Debug, Default, Clone)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct FieldSpec {
+    #[serde(default)]
+    pub(crate) group: String,
+    #[serde(default)]
+    pub(crate) version: String,
+    #[serde(default)]
+    pub(crate) kind: String,
+    #[serde(default)]
+    pub(crate) path: String,
+    #[serde(default)]
+    pub(crate) create: bool,
+}
+
+impl FieldSpec {
+    /// The path segments, if the spec applies to this object.
+    pub(crate) fn segments_for(&self, r: &Resource) -> Option<Vec<&str>> {
+        (is_gvk(r, &self.group, &self.version, &self.kind) && !self.path.is_empty())
+            .then(|| self.path.split('/').collect())
+    }
+}
+
 /// `data` of a ConfigMap-like functionConfig as strings (any kind is read
 /// through its `data`).
 pub(crate) fn config_data(config: &Node) -> BTreeMap<String, String> {

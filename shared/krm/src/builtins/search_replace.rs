@@ -113,25 +113,6 @@ fn display_path(path: &[Elem]) -> String {
     out
 }
 
-/// A glob over slash paths: `*` and `?` within a segment, `**` across.
-fn glob_matches(pattern: &str, path: &str) -> bool {
-    fn go(p: &[u8], s: &[u8]) -> bool {
-        match p.first() {
-            None => s.is_empty(),
-            Some(b'*') if p.get(1) == Some(&b'*') => {
-                let rest = p[2..].strip_prefix(b"/").unwrap_or(&p[2..]);
-                (0..=s.len()).any(|i| go(rest, &s[i..]))
-            }
-            Some(b'*') => (0..=s.len())
-                .take_while(|&i| i == 0 || s[i - 1] != b'/')
-                .any(|i| go(&p[1..], &s[i..])),
-            Some(b'?') => !s.is_empty() && s[0] != b'/' && go(&p[1..], &s[1..]),
-            Some(c) => s.first() == Some(c) && go(&p[1..], &s[1..]),
-        }
-    }
-    go(pattern.as_bytes(), path.as_bytes())
-}
-
 struct Config {
     by_value: Option<String>,
     by_regex: Option<Regex>,
@@ -389,7 +370,7 @@ impl Builtin for SearchReplace {
         let create = plain_path(&config);
         for r in items.iter_mut() {
             if let Some(glob) = &config.by_file
-                && !glob_matches(glob, &r.origin.path)
+                && !crate::package::glob(glob, &r.origin.path)
             {
                 continue;
             }
@@ -448,9 +429,9 @@ mod tests {
         assert!(path_matches(&p, &path));
         assert!(parse_path("a..b").is_err());
         assert!(parse_path("a[x]").is_err());
-        assert!(glob_matches("**/*.yaml", "a/b/c.yaml"));
-        assert!(glob_matches("*.yaml", "c.yaml"));
-        assert!(!glob_matches("*.yaml", "a/c.yaml"));
+        assert!(crate::package::glob("**/*.yaml", "a/b/c.yaml"));
+        assert!(crate::package::glob("*.yaml", "c.yaml"));
+        assert!(!crate::package::glob("*.yaml", "a/c.yaml"));
         assert_eq!(
             fill("x-${1}", &["all".into(), "one".into()]).as_deref(),
             Ok("x-one")

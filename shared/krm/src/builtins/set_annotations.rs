@@ -5,27 +5,12 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::{Builtin, Failure, config_data, config_kind, is_gvk, typed_config};
+use super::{Builtin, Failure, FieldSpec, config_data, config_kind, is_gvk, typed_config};
 use crate::resource::Resource;
 use crate::resourcelist::ResultItem;
 use crate::yaml::Node;
 
 pub(crate) struct SetAnnotations;
-
-#[derive(Deserialize, Debug, Default)]
-#[serde(rename_all = "camelCase")]
-struct FieldSpec {
-    #[serde(default)]
-    group: String,
-    #[serde(default)]
-    version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    path: String,
-    #[serde(default)]
-    create: bool,
-}
 
 #[derive(Deserialize, Debug, Default)]
 #[serde(rename_all = "camelCase")]
@@ -142,9 +127,9 @@ impl Builtin for SetAnnotations {
                 .map(|p| (p.iter().map(|s| (*s).to_owned()).collect(), true))
                 .collect();
             for spec in &specs {
-                if is_gvk(r, &spec.group, &spec.version, &spec.kind) && !spec.path.is_empty() {
+                if let Some(segments) = spec.segments_for(r) {
                     paths.push((
-                        spec.path.split('/').map(str::to_owned).collect(),
+                        segments.into_iter().map(str::to_owned).collect(),
                         spec.create,
                     ));
                 }

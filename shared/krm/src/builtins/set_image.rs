@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use super::{Builtin, Failure, config_data, config_kind, is_gvk, typed_config};
+use super::{Builtin, Failure, FieldSpec, config_data, config_kind, is_gvk, typed_config};
 use crate::resource::Resource;
 use crate::resourcelist::ResultItem;
 use crate::yaml::Node;
@@ -25,19 +25,6 @@ struct Image {
     new_tag: String,
     #[serde(default)]
     digest: String,
-}
-
-#[derive(Deserialize, Debug)]
-#[serde(rename_all = "camelCase")]
-struct FieldSpec {
-    #[serde(default)]
-    group: String,
-    #[serde(default)]
-    version: String,
-    #[serde(default)]
-    kind: String,
-    #[serde(default)]
-    path: String,
 }
 
 #[derive(Deserialize, Debug)]
@@ -195,10 +182,9 @@ impl Builtin for SetImage {
                 containers(spec, &image, &mut count);
             }
             for field in &fields {
-                if !is_gvk(r, &field.group, &field.version, &field.kind) || field.path.is_empty() {
+                let Some(path) = field.segments_for(r) else {
                     continue;
-                }
-                let path: Vec<&str> = field.path.split('/').collect();
+                };
                 if let Some(slot) = r.object.lookup_mut(&path)
                     && let Some(current) = slot.as_str()
                     && let Some(new) = rewrite(current, &image)

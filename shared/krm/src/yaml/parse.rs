@@ -104,6 +104,24 @@ struct Anchor {
     entry: bool,
 }
 
+impl Anchor {
+    fn new(
+        line: usize,
+        col: usize,
+        path: &[Step],
+        flow_root: &Option<Vec<Step>>,
+        entry: bool,
+    ) -> Self {
+        Anchor {
+            line,
+            col,
+            path: path.to_vec(),
+            flow_root: flow_root.clone(),
+            entry,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Frame {
     node: Node,
@@ -215,13 +233,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
         match event {
             Event::Scalar(value, style, _, tag) => {
                 let (path, entry) = next_path(&stack);
-                anchors.push(Anchor {
-                    line,
-                    col,
-                    path: path.clone(),
-                    flow_root: flow_depth_root.clone(),
-                    entry,
-                });
+                anchors.push(Anchor::new(line, col, &path, &flow_depth_root, entry));
                 // An empty value comes as `~` with an empty span.
                 let empty = style == ScalarStyle::Plain && span.start.index() == span.end.index();
                 let mut node = Node::plain(if empty {
@@ -245,13 +257,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
             }
             Event::Alias(id) => {
                 let (path, entry) = next_path(&stack);
-                anchors.push(Anchor {
-                    line,
-                    col,
-                    path: path.clone(),
-                    flow_root: flow_depth_root.clone(),
-                    entry,
-                });
+                anchors.push(Anchor::new(line, col, &path, &flow_depth_root, entry));
                 let name = anchor_names.get(&id).cloned().unwrap_or_default();
                 let mut node = Node::null();
                 node.value = Value::Alias(name);
@@ -259,13 +265,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
             }
             Event::SequenceStart(style, _, tag) | Event::MappingStart(style, _, tag) => {
                 let (path, entry) = next_path(&stack);
-                anchors.push(Anchor {
-                    line,
-                    col,
-                    path: path.clone(),
-                    flow_root: flow_depth_root.clone(),
-                    entry,
-                });
+                anchors.push(Anchor::new(line, col, &path, &flow_depth_root, entry));
                 let mut node = if is_sequence {
                     Node::sequence()
                 } else {
