@@ -18,7 +18,7 @@ use porch_api::kptfile::{
 
 use crate::package::{self, Files, PackageError};
 use crate::resource::{Origin, Resource};
-use crate::resourcelist::{Decoded, ResultItem, strip_wire_annotations};
+use crate::resourcelist::{Decoded, ResultItem, Results, strip_wire_annotations};
 use crate::runtime::{Call, FunctionError, FunctionOutput, FunctionRef, FunctionRuntime};
 use crate::yaml::{self, Node, SeqIndent, Style, Value};
 

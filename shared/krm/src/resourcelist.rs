@@ -1,10 +1,7 @@
 //! The ResourceList wire format (spec §2.1–§2.3): what functions read on
 //! stdin or over gRPC and write back, with kpt's annotations.
 
-use std::collections::BTreeMap;
-
 pub use porch_api::v1alpha1::{FieldRef as Field, FileRef, ResourceRef};
-use serde::{Deserialize, Serialize};
 
 use crate::resource::{
     ID_ANNOTATION, INDEX_ANNOTATION, LEGACY_ID_ANNOTATION, LEGACY_INDEX_ANNOTATION,
@@ -16,26 +13,27 @@ use crate::yaml::{self, Node, SeqIndent, Style, Value};
 /// `apiVersion` kpt writes on ResourceLists.
 pub const RESOURCE_LIST_API_VERSION: &str = "config.kubernetes.io/v1";
 
-/// One structured result of a function.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct ResultItem {
-    #[serde(default)]
-    pub message: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub severity: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resource_ref: Option<ResourceRef>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub field: Option<Field>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub file: Option<FileRef>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub tags: BTreeMap<String, String>,
+/// One structured result of a function (the type Porch's API carries), with
+/// the constructors functions use ([`Results`]).
+pub use porch_api::v1alpha1::ResultItem;
+
+/// Constructors and checks for [`ResultItem`].
+pub trait Results: Sized {
+    fn info(message: impl Into<String>) -> Self;
+    fn warning(message: impl Into<String>) -> Self;
+    fn error(message: impl Into<String>) -> Self;
+    /// Adds the field path and the resource's file.
+    #[must_use]
+    fn at(self, resource: &Resource, field_path: &str) -> Self;
+    /// Adds a reference to the resource.
+    #[must_use]
+    fn about(self, resource: &Resource) -> Self;
+    /// Error severity (the default when none is given).
+    fn is_error(&self) -> bool;
 }
 
-impl ResultItem {
-    pub fn info(message: impl Into<String>) -> Self {
+impl Results for ResultItem {
+    fn info(message: impl Into<String>) -> Self {
         ResultItem {
             message: message.into(),
             severity: "info".into(),
@@ -43,14 +41,14 @@ impl ResultItem {
         }
     }
 
-    pub fn warning(message: impl Into<String>) -> Self {
+    fn warning(message: impl Into<String>) -> Self {
         ResultItem {
             severity: "warning".into(),
             ..ResultItem::info(message)
         }
     }
 
-    pub fn error(message: impl Into<String>) -> Self {
+    fn error(message: impl Into<String>) -> Self {
         ResultItem {
             severity: "error".into(),
             ..ResultItem::info(message)
@@ -58,7 +56,7 @@ impl ResultItem {
     }
 
     /// Adds the field path and the resource's file.
-    pub fn at(mut self, resource: &Resource, field_path: &str) -> Self {
+    fn at(mut self, resource: &Resource, field_path: &str) -> Self {
         if !field_path.is_empty() {
             self.field = Some(Field {
                 path: field_path.to_owned(),
@@ -75,7 +73,7 @@ impl ResultItem {
     }
 
     /// Adds a reference to the resource.
-    pub fn about(mut self, resource: &Resource) -> Self {
+    fn about(mut self, resource: &Resource) -> Self {
         self.resource_ref = Some(ResourceRef {
             api_version: resource.api_version().to_owned(),
             kind: resource.kind().to_owned(),
@@ -85,7 +83,7 @@ impl ResultItem {
         self
     }
 
-    pub fn is_error(&self) -> bool {
+    fn is_error(&self) -> bool {
         self.severity == "error" || self.severity.is_empty()
     }
 }

@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::{Builtin, Failure, config_kind, typed_config};
 use crate::resource::Resource;
-use crate::resourcelist::ResultItem;
+use crate::resourcelist::{ResultItem, Results};
 use crate::yaml::{Node, Value};
 
 pub(crate) struct ApplyReplacements;

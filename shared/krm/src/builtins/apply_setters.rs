@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use super::{Builtin, Failure, config_data};
 use crate::resource::Resource;
-use crate::resourcelist::{Field, FileRef, ResultItem};
+use crate::resourcelist::{Field, FileRef, ResultItem, Results};
 use crate::yaml::{self, Node, Style, Value};
 
 pub(crate) struct ApplySetters;

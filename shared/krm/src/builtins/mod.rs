@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::resource::Resource;
-use crate::resourcelist::ResultItem;
+use crate::resourcelist::{ResultItem, Results};
 use crate::runtime::{Call, FunctionError, FunctionOutput, FunctionRef, FunctionRuntime};
 use crate::yaml::{self, Node};
 

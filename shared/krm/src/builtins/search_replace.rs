@@ -10,7 +10,7 @@ use regex::Regex;
 
 use super::{Builtin, Failure, config_data};
 use crate::resource::Resource;
-use crate::resourcelist::{Field, FileRef, ResultItem};
+use crate::resourcelist::{Field, FileRef, ResultItem, Results};
 use crate::yaml::{Node, Style, Value};
 
 pub(crate) struct SearchReplace;

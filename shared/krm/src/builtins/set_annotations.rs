@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::{Builtin, Failure, FieldSpec, config_data, config_kind, is_gvk, typed_config};
 use crate::resource::Resource;
-use crate::resourcelist::ResultItem;
+use crate::resourcelist::{ResultItem, Results};
 use crate::yaml::Node;
 
 pub(crate) struct SetAnnotations;

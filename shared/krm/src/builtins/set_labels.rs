@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::{Builtin, Failure, config_data, config_kind, is_gvk};
 use crate::resource::Resource;
-use crate::resourcelist::ResultItem;
+use crate::resourcelist::{ResultItem, Results};
 use crate::yaml::Node;
 
 pub(crate) struct SetLabels;

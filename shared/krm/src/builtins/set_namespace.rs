@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use super::scope::is_namespaced;
 use super::{Builtin, Failure, config_data, config_kind};
 use crate::resource::Resource;
-use crate::resourcelist::ResultItem;
+use crate::resourcelist::{ResultItem, Results};
 use crate::yaml::Node;
 
 pub(crate) struct SetNamespace;

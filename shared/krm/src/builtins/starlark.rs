@@ -18,7 +18,7 @@ use starlark::values::structs::AllocStruct;
 
 use super::{Builtin, Failure, config_data, config_kind, typed_config};
 use crate::resource::{ID_ANNOTATION, Origin, Resource};
-use crate::resourcelist::ResultItem;
+use crate::resourcelist::{ResultItem, Results};
 use crate::yaml::{self, Node, Value};
 
 pub(crate) struct Starlark;
