@@ -14,9 +14,11 @@
 pub mod common;
 pub mod convert;
 pub mod crd;
+pub mod invocation;
 pub mod kptfile;
 pub mod lifecycle;
 pub mod naming;
+pub mod planner;
 pub mod repository;
 mod schema;
 pub mod v1alpha1;

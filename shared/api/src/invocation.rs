@@ -1,0 +1,234 @@
+//! The contract between the watch relay and the handlers (DESIGN
+//! "Contracts"): an [`Invocation`] names the operation and carries the
+//! objects as the relay saw them; an [`Outcome`] says what to change in the
+//! API, and the relay applies it with optimistic concurrency.
+
+use json_patch::{Patch, PatchOperation, TestOperation};
+use serde::{Deserialize, Serialize};
+
+use crate::repository::Repository;
+use crate::v1alpha2::PackageRevision;
+
+/// The work a handler does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub enum Operation {
+    /// Add the finalizer and the Repository owner reference.
+    Adopt,
+    /// Apply `spec.source` (init, clone, copy, upgrade) as a new draft.
+    Source,
+    /// Render a draft.
+    Render,
+    /// Bring git to `spec.lifecycle` (propose, reject, publish, …).
+    Lifecycle,
+    /// Clean up git for a revision being deleted, then release it.
+    Delete,
+    /// Discover a repository's revisions and reconcile the objects.
+    Sync,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Adopt => "adopt",
+            Operation::Source => "source",
+            Operation::Render => "render",
+            Operation::Lifecycle => "lifecycle",
+            Operation::Delete => "delete",
+            Operation::Sync => "sync",
+        }
+    }
+}
+
+/// What the relay hands a handler. Credentials never travel here: the
+/// Repository names its Secret and the handler resolves it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Invocation {
+    pub operation: Operation,
+    /// The revision as the relay saw it (absent for repository sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_revision: Option<PackageRevision>,
+    pub repository: Repository,
+    /// The upstream revision, for clone and upgrade sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<PackageRevision>,
+    /// Other revisions the operation needs (upgrade sources, the package's
+    /// revisions for the latest-revision labels).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub related: Vec<PackageRevision>,
+    /// 1 for the first delivery.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    #[serde(default)]
+    pub request_id: String,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+/// An object an Outcome talks about.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+}
+
+impl ObjectRef {
+    /// The reference to a PackageRevision.
+    pub fn package_revision(pr: &PackageRevision) -> Self {
+        ObjectRef {
+            api_version: "porch.kpt.dev/v1alpha2".into(),
+            kind: "PackageRevision".into(),
+            namespace: pr.metadata.namespace.clone().unwrap_or_default(),
+            name: pr.metadata.name.clone().unwrap_or_default(),
+            uid: pr.metadata.uid.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Which part of an object a patch changes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Subresource {
+    /// The object itself (metadata, spec).
+    #[default]
+    Main,
+    Status,
+}
+
+/// An RFC 6902 patch of one object. It starts with a `test` of
+/// `metadata.resourceVersion` (or `uid`), so a stale patch fails instead of
+/// overwriting: the relay then re-reads and re-plans.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectPatch {
+    pub target: ObjectRef,
+    #[serde(default)]
+    pub subresource: Subresource,
+    pub patch: Patch,
+}
+
+impl ObjectPatch {
+    /// A patch guarded by the resourceVersion the handler saw.
+    pub fn guarded(
+        target: ObjectRef,
+        subresource: Subresource,
+        resource_version: &str,
+        mut operations: Vec<PatchOperation>,
+    ) -> Self {
+        operations.insert(
+            0,
+            PatchOperation::Test(TestOperation {
+                path: "/metadata/resourceVersion".try_into().unwrap_or_default(),
+                value: serde_json::Value::String(resource_version.to_owned()),
+            }),
+        );
+        ObjectPatch {
+            target,
+            subresource,
+            patch: Patch(operations),
+        }
+    }
+
+    /// Whether the first operation guards the patch.
+    pub fn is_guarded(&self) -> bool {
+        matches!(
+            self.patch.0.first(),
+            Some(PatchOperation::Test(t))
+                if t.path.as_str() == "/metadata/resourceVersion" || t.path.as_str() == "/metadata/uid"
+        )
+    }
+}
+
+/// `Normal` or `Warning`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EventType {
+    #[default]
+    Normal,
+    Warning,
+}
+
+/// A Kubernetes Event to record.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EventRecord {
+    pub regarding: ObjectRef,
+    #[serde(rename = "type")]
+    pub type_: EventType,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What a handler asks the relay to do.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Outcome {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patches: Vec<ObjectPatch>,
+    /// Objects to create or update (server-side apply), for repository sync.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apply: Vec<serde_json::Value>,
+    /// Objects to delete, for repository sync.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delete: Vec<ObjectRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<EventRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requeue_after_seconds: Option<u64>,
+}
+
+impl Outcome {
+    /// Nothing to do.
+    pub fn none() -> Self {
+        Outcome::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Outcome::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invocations_round_trip_and_reject_unknown_fields() {
+        let json = serde_json::json!({
+            "operation": "render",
+            "repository": {
+                "apiVersion": "config.porch.kpt.dev/v1alpha1",
+                "kind": "Repository",
+                "metadata": {"name": "blueprints", "namespace": "default"},
+                "spec": {"type": "git", "git": {"repo": "https://example.com/r.git"}}
+            },
+            "requestId": "r-1"
+        });
+        let invocation: Invocation =
+            serde_json::from_value(json.clone()).expect("valid invocation");
+        assert_eq!(invocation.operation, Operation::Render);
+        assert_eq!(invocation.attempt, 1);
+        let mut bad = json;
+        bad["secret"] = serde_json::json!("no");
+        assert!(serde_json::from_value::<Invocation>(bad).is_err());
+    }
+
+    #[test]
+    fn guarded_patches_start_with_a_resource_version_test() {
+        let patch =
+            ObjectPatch::guarded(ObjectRef::default(), Subresource::Status, "42", Vec::new());
+        assert!(patch.is_guarded());
+        let json = serde_json::to_value(&patch).expect("serialises");
+        assert_eq!(json["patch"][0]["op"], "test");
+        assert_eq!(json["patch"][0]["value"], "42");
+        assert_eq!(json["subresource"], "status");
+    }
+}
