@@ -164,6 +164,35 @@ impl Packages<'_> {
         Ok(commit)
     }
 
+    /// A new commit on a draft only if `files` differ from the package it
+    /// holds: content, not authorship, decides (render writes what it read
+    /// back, so a repeated render finds nothing to do).
+    ///
+    /// # Errors
+    /// No such draft, or it moved meanwhile ([`RepoError::Conflict`]).
+    pub fn replace_draft_content(
+        &self,
+        package: &str,
+        workspace: &str,
+        files: &Files,
+        task: Task,
+        actor: &Actor,
+    ) -> Result<ObjectId, OperationError> {
+        let draft = self.layout.draft_ref(package, workspace)?;
+        let head = self
+            .head(&draft)?
+            .ok_or_else(|| OperationError::Missing(draft.clone()))?;
+        let current = self
+            .repo
+            .read_files(head, &self.layout.full_path(package))?;
+        if &current == files {
+            return Ok(head);
+        }
+        let commit = self.draft_commit(package, workspace, files, task, actor, Some(head))?;
+        self.repo.update_ref(&draft, Some(head), Some(commit))?;
+        Ok(commit)
+    }
+
     /// Moves a revision between its draft and proposed branches (propose
     /// with `to_proposed`, reject without). Already moved: no change.
     ///

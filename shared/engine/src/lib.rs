@@ -1,0 +1,14 @@
+//! The operations of the PackageRevision control plane (porch-v1alpha2 spec
+//! §3–§6) as stateless, idempotent handlers: an
+//! [`Invocation`](porch_api::invocation::Invocation) in, an
+//! [`Outcome`](porch_api::invocation::Outcome) out. A handler never talks to
+//! the Kubernetes API; it does the git work through a mirror of the
+//! repository and says what the relay must patch.
+//!
+//! - [`render`]: render a draft (spec §5).
+
+mod error;
+pub mod render;
+mod status;
+
+pub use error::HandlerError;

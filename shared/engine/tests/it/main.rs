@@ -1,0 +1,4 @@
+//! Integration tests of porch-engine: handlers against real git
+//! repositories on disk.
+
+mod render;
