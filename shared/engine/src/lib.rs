@@ -6,8 +6,10 @@
 //! repository and says what the relay must patch.
 //!
 //! - [`render`]: render a draft (spec §5).
+//! - [`lifecycle`]: propose, reject, publish, propose deletion (spec §4).
 
 mod error;
+pub mod lifecycle;
 pub mod render;
 mod status;
 

@@ -1,4 +1,6 @@
 //! Integration tests of porch-engine: handlers against real git
 //! repositories on disk.
 
+mod lifecycle;
 mod render;
+mod support;

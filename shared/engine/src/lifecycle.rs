@@ -1,0 +1,259 @@
+//! The lifecycle handler (spec §4): bring git to `spec.lifecycle` —
+//! propose, reject, publish (the compare-and-swap approval push), propose
+//! deletion, restore — and report it: `Ready`, the revision number,
+//! `publishedBy` (the approving user the webhook recorded) and
+//! `publishedAt`, and the `porch.kpt.dev/latest-revision` label of every
+//! revision of the package.
+//!
+//! Idempotent: each git step recognises its own work (a branch already
+//! moved, a revision already published for this uid and generation).
+
+use json_patch::{AddOperation, PatchOperation};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use porch_api::common::Lifecycle;
+use porch_api::invocation::{
+    EventRecord, EventType, Invocation, ObjectPatch, ObjectRef, Operation, Outcome, Subresource,
+};
+use porch_api::lifecycle::effective;
+use porch_api::planner::{self, READY_CONDITION};
+use porch_api::v1alpha2::PackageRevision;
+use porch_api::{APPROVED_BY_ANNOTATION, LATEST_REVISION_LABEL};
+use porch_git::identity::{Identity, orchestrator};
+use porch_git::mirror::MirrorError;
+use porch_git::operations::{Actor, OperationError, Packages};
+use porch_git::remote::Remote;
+
+use crate::HandlerError;
+use crate::render::layout;
+use crate::status::{set_condition, status_patch};
+
+/// Where a revision stands in git after the handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Done {
+    Unpublished,
+    Published(u64),
+}
+
+/// Brings the Invocation's PackageRevision to its lifecycle.
+///
+/// # Errors
+/// A malformed Invocation (not retryable); git transport failures
+/// (retryable). A transition git refuses is reported in `Ready`, not as an
+/// error.
+pub async fn lifecycle<R: Remote + 'static>(
+    invocation: &Invocation,
+    mirror: &porch_git::mirror::Mirror<R>,
+    now: &Time,
+) -> Result<Outcome, HandlerError> {
+    if invocation.operation != Operation::Lifecycle {
+        return Err(HandlerError::Invalid(format!(
+            "the lifecycle handler got a {} invocation",
+            invocation.operation.as_str()
+        )));
+    }
+    let pr = invocation
+        .package_revision
+        .as_ref()
+        .ok_or_else(|| HandlerError::Invalid("lifecycle needs the PackageRevision".into()))?;
+    if !planner::is_due(Operation::Lifecycle, pr, &invocation.repository) {
+        return Ok(Outcome::none());
+    }
+    let (package, workspace) = (pr.spec.package_name.clone(), pr.spec.workspace_name.clone());
+    let layout = layout(invocation);
+    layout
+        .draft_ref(&package, &workspace)
+        .map_err(|e| HandlerError::Invalid(e.to_string()))?;
+    let desired = effective(pr.spec.lifecycle);
+    let known_revision = pr
+        .status
+        .as_ref()
+        .and_then(|s| s.revision)
+        .and_then(|r| u64::try_from(r).ok())
+        .filter(|r| *r > 0);
+    let approver = pr
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(APPROVED_BY_ANNOTATION))
+        .cloned();
+    let actor = Actor {
+        uid: pr.metadata.uid.clone().unwrap_or_default(),
+        generation: pr.metadata.generation.unwrap_or(0),
+        author: approver
+            .as_deref()
+            .map_or_else(orchestrator, Identity::of_user),
+        time: now.0.as_second(),
+    };
+
+    let outcome = mirror
+        .apply_optimistic(move |repo| {
+            let packages = Packages {
+                repo,
+                layout: layout.clone(),
+            };
+            let exists =
+                |r: Result<String, porch_api::naming::NameError>| -> Result<bool, OperationError> {
+                    Ok(repo.ref_id(&r?)?.is_some())
+                };
+            let draft = exists(packages.layout.draft_ref(&package, &workspace))?;
+            let proposed = exists(packages.layout.proposed_ref(&package, &workspace))?;
+            match desired {
+                Lifecycle::Draft => {
+                    if proposed {
+                        packages.reject(&package, &workspace)?;
+                    } else if !draft {
+                        return Err(OperationError::Missing(format!("{package}/{workspace}")));
+                    }
+                    Ok(Done::Unpublished)
+                }
+                Lifecycle::Proposed => {
+                    if draft {
+                        packages.propose(&package, &workspace)?;
+                    } else if !proposed {
+                        return Err(OperationError::Missing(format!("{package}/{workspace}")));
+                    }
+                    Ok(Done::Unpublished)
+                }
+                Lifecycle::Published | Lifecycle::DeletionProposed => {
+                    let revision = match known_revision {
+                        Some(r) => r,
+                        None if draft => {
+                            return Err(OperationError::Missing(format!(
+                                "{package}/{workspace} is a draft: propose it before publishing"
+                            )));
+                        }
+                        None => packages.publish(&package, &workspace, &actor)?,
+                    };
+                    packages.set_deletion_proposed(
+                        &package,
+                        revision,
+                        desired == Lifecycle::DeletionProposed,
+                    )?;
+                    Ok(Done::Published(revision))
+                }
+            }
+        })
+        .await;
+
+    let mut status = pr.status.clone().unwrap_or_default();
+    let generation = pr.metadata.generation;
+    let mut out = Outcome::default();
+    match outcome {
+        Ok(applied) => {
+            status.observed_generation = generation;
+            set_condition(
+                &mut status.conditions,
+                READY_CONDITION,
+                "True",
+                "Ready",
+                "",
+                generation,
+                now,
+            );
+            if let Done::Published(revision) = applied.value {
+                let newly = known_revision.is_none();
+                status.revision = i64::try_from(revision).ok();
+                if newly {
+                    status.published_by = approver.clone().unwrap_or_else(|| orchestrator().email);
+                    status.published_at = Some(now.clone());
+                    out.events.push(EventRecord {
+                        regarding: ObjectRef::package_revision(pr),
+                        type_: EventType::Normal,
+                        reason: "Published".into(),
+                        message: format!("published as revision {revision}"),
+                    });
+                }
+            }
+        }
+        Err(MirrorError::Operation(error)) if !matches!(error, OperationError::Repo(_)) => {
+            // Git refused the transition: report it; retrying cannot help.
+            set_condition(
+                &mut status.conditions,
+                READY_CONDITION,
+                "False",
+                "Failed",
+                &error.to_string(),
+                generation,
+                now,
+            );
+            status.observed_generation = generation;
+        }
+        Err(other) => return Err(other.into()),
+    }
+    let revision = status.revision;
+    out.patches.push(status_patch(pr, status));
+    out.patches
+        .extend(latest_revision_patches(pr, revision, &invocation.related));
+    Ok(out)
+}
+
+/// The label patches that make the published revision with the highest
+/// number the only `"true"` among the package's revisions (spec §4.5).
+fn latest_revision_patches(
+    pr: &PackageRevision,
+    revision: Option<i64>,
+    related: &[PackageRevision],
+) -> Vec<ObjectPatch> {
+    let same_package = |other: &PackageRevision| {
+        other.metadata.namespace == pr.metadata.namespace
+            && other.spec.repository == pr.spec.repository
+            && other.spec.package_name == pr.spec.package_name
+            && other.metadata.deletion_timestamp.is_none()
+            && other.metadata.name != pr.metadata.name
+    };
+    let mut candidates: Vec<(&PackageRevision, i64, bool)> = vec![(
+        pr,
+        revision.unwrap_or(0),
+        effective(pr.spec.lifecycle).is_published(),
+    )];
+    for other in related.iter().filter(|o| same_package(o)) {
+        let r = other.status.as_ref().and_then(|s| s.revision).unwrap_or(0);
+        candidates.push((other, r, effective(other.spec.lifecycle).is_published()));
+    }
+    let winner = candidates
+        .iter()
+        .filter(|(_, r, published)| *published && *r > 0)
+        .max_by_key(|(_, r, _)| *r)
+        .map(|(p, _, _)| p.metadata.name.clone());
+    candidates
+        .iter()
+        .filter_map(|(p, _, _)| {
+            let want = if winner.as_ref() == Some(&p.metadata.name) {
+                "true"
+            } else {
+                "false"
+            };
+            let labels = p.metadata.labels.as_ref();
+            if labels
+                .and_then(|l| l.get(LATEST_REVISION_LABEL))
+                .map(String::as_str)
+                == Some(want)
+            {
+                return None;
+            }
+            let op = if labels.is_some() {
+                PatchOperation::Add(AddOperation {
+                    path: format!(
+                        "/metadata/labels/{}",
+                        LATEST_REVISION_LABEL.replace('~', "~0").replace('/', "~1")
+                    )
+                    .as_str()
+                    .try_into()
+                    .unwrap_or_default(),
+                    value: serde_json::Value::String(want.into()),
+                })
+            } else {
+                PatchOperation::Add(AddOperation {
+                    path: "/metadata/labels".try_into().unwrap_or_default(),
+                    value: serde_json::json!({ LATEST_REVISION_LABEL: want }),
+                })
+            };
+            Some(ObjectPatch::guarded(
+                ObjectRef::package_revision(p),
+                Subresource::Main,
+                p.metadata.resource_version.as_deref().unwrap_or(""),
+                vec![op],
+            ))
+        })
+        .collect()
+}
