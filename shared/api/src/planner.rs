@@ -69,6 +69,18 @@ pub fn render_due(pr: &PackageRevision) -> bool {
     by_annotation || by_source
 }
 
+/// Whether the source failed at the current generation.
+fn source_failed(pr: &PackageRevision) -> bool {
+    let Some(status) = pr.status.as_ref() else {
+        return false;
+    };
+    status.observed_generation == pr.metadata.generation
+        && status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == READY_CONDITION && c.status == "False" && c.reason == "Failed")
+}
+
 /// Whether the lifecycle must be brought to git: the spec changed since the
 /// last status write, or the last attempt did not end `Ready`.
 pub fn lifecycle_due(pr: &PackageRevision) -> bool {
@@ -88,11 +100,13 @@ pub fn plan(pr: &PackageRevision, repository: &Repository) -> Vec<Operation> {
     }
     let source_pending = pr.spec.source.is_some() && creation_source(pr).is_empty();
     if source_pending {
-        due.push(Operation::Source);
+        // A failed source is not retried by itself: Ready=False/Failed stays
+        // until the spec changes (a new generation).
+        if !source_failed(pr) {
+            due.push(Operation::Source);
+        }
         return due;
     }
-    // A failed source is not retried by itself: Ready=False/Failed stays until
-    // the spec changes.
     if render_due(pr) {
         due.push(Operation::Render);
     }
@@ -210,6 +224,21 @@ mod tests {
         pr.metadata.annotations =
             Some([(RENDER_REQUEST_ANNOTATION.to_owned(), "def".to_owned())].into());
         assert!(!render_due(&pr));
+    }
+
+    #[test]
+    fn a_failed_source_waits_for_a_new_generation() {
+        let mut pr = adopted(draft());
+        let mut failed = condition("Ready", "False");
+        failed.reason = "Failed".into();
+        pr.status = Some(PackageRevisionStatus {
+            observed_generation: Some(1),
+            conditions: vec![failed],
+            ..Default::default()
+        });
+        assert!(plan(&pr, &repository()).is_empty());
+        pr.metadata.generation = Some(2);
+        assert_eq!(plan(&pr, &repository()), vec![Operation::Source]);
     }
 
     #[test]

@@ -7,10 +7,12 @@
 //!
 //! - [`render`]: render a draft (spec §5).
 //! - [`lifecycle`]: propose, reject, publish, propose deletion (spec §4).
+//! - [`source`]: init, clone, copy, upgrade as a new draft (spec §3).
 
 mod error;
 pub mod lifecycle;
 pub mod render;
+pub mod source;
 mod status;
 
 pub use error::HandlerError;

@@ -3,4 +3,5 @@
 
 mod lifecycle;
 mod render;
+mod source;
 mod support;

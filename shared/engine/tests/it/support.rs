@@ -119,3 +119,75 @@ pub(crate) fn invocation(operation: &str, annotations: serde_json::Value) -> Inv
 pub(crate) fn now() -> Time {
     Time("2026-11-22T10:00:00Z".parse().expect("timestamp"))
 }
+
+/// Publishes `files` as revision `<n>` of `package` (draft, propose,
+/// publish) on the repository behind `mirror`.
+pub(crate) async fn publish(
+    mirror: &Mirror<LocalRemote>,
+    package: &str,
+    workspace: &str,
+    files: Files,
+) -> anyhow::Result<u64> {
+    let (package, workspace) = (package.to_owned(), workspace.to_owned());
+    let actor = Actor {
+        uid: format!("uid-{package}-{workspace}"),
+        generation: 1,
+        author: Identity::of_user("alice@example.com"),
+        time: 1_795_000_000,
+    };
+    let applied = mirror
+        .apply(move |repo| {
+            let packages = Packages {
+                repo,
+                layout: RepoLayout::new("", "main"),
+            };
+            packages.create_draft(
+                &package,
+                &workspace,
+                &files,
+                Task {
+                    type_: TaskType::Init,
+                    ..Task::default()
+                },
+                &actor,
+            )?;
+            packages.propose(&package, &workspace)?;
+            packages.publish(&package, &workspace, &actor)
+        })
+        .await?;
+    Ok(applied.value)
+}
+
+/// A PackageRevision object for a published revision.
+pub(crate) fn published_revision(
+    name: &str,
+    package: &str,
+    workspace: &str,
+    revision: i64,
+) -> porch_api::v1alpha2::PackageRevision {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "porch.kpt.dev/v1alpha2",
+        "kind": "PackageRevision",
+        "metadata": {"name": name, "namespace": "default", "resourceVersion": "5"},
+        "spec": {"packageName": package, "repository": "blueprints", "workspaceName": workspace, "lifecycle": "Published"},
+        "status": {"revision": revision}
+    }))
+    .expect("a valid revision")
+}
+
+/// An empty bare repository and its mirror.
+pub(crate) fn empty_repo() -> anyhow::Result<Repo> {
+    let dir = tempfile::tempdir()?;
+    let remote = dir.path().join("remote.git");
+    GitRepo::init_bare(&remote)?;
+    let mirror = Mirror::new(
+        dir.path().join("mirror"),
+        LocalRemote::new(&remote),
+        RetryPolicy::default(),
+    )?;
+    Ok(Repo {
+        _dir: dir,
+        remote,
+        mirror,
+    })
+}
