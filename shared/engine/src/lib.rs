@@ -8,7 +8,9 @@
 //! - [`render`]: render a draft (spec §5).
 //! - [`lifecycle`]: propose, reject, publish, propose deletion (spec §4).
 //! - [`source`]: init, clone, copy, upgrade as a new draft (spec §3).
+//! - [`delete`]: git cleanup of a revision being deleted (spec §4.7).
 
+pub mod delete;
 mod error;
 pub mod lifecycle;
 pub mod render;

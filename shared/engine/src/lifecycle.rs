@@ -8,16 +8,15 @@
 //! Idempotent: each git step recognises its own work (a branch already
 //! moved, a revision already published for this uid and generation).
 
-use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use porch_api::APPROVED_BY_ANNOTATION;
 use porch_api::common::Lifecycle;
 use porch_api::invocation::{
-    EventRecord, EventType, Invocation, ObjectPatch, ObjectRef, Operation, Outcome, Subresource,
+    EventRecord, EventType, Invocation, ObjectPatch, ObjectRef, Operation, Outcome,
 };
 use porch_api::lifecycle::effective;
 use porch_api::planner::{self, READY_CONDITION};
 use porch_api::v1alpha2::PackageRevision;
-use porch_api::{APPROVED_BY_ANNOTATION, LATEST_REVISION_LABEL};
 use porch_git::identity::{Identity, orchestrator};
 use porch_git::mirror::MirrorError;
 use porch_git::operations::{Actor, OperationError, Packages};
@@ -25,7 +24,7 @@ use porch_git::remote::Remote;
 
 use crate::HandlerError;
 use crate::render::layout;
-use crate::status::{set_condition, status_patch};
+use crate::status::{latest_label_patches, set_condition, siblings, status_patch};
 
 /// Where a revision stands in git after the handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,73 +186,14 @@ pub async fn lifecycle<R: Remote + 'static>(
     Ok(out)
 }
 
-/// The label patches that make the published revision with the highest
-/// number the only `"true"` among the package's revisions (spec §4.5).
+/// The label patches for this revision (with its new revision number) and
+/// the rest of its package (spec §4.5).
 fn latest_revision_patches(
     pr: &PackageRevision,
     revision: Option<i64>,
     related: &[PackageRevision],
 ) -> Vec<ObjectPatch> {
-    let same_package = |other: &PackageRevision| {
-        other.metadata.namespace == pr.metadata.namespace
-            && other.spec.repository == pr.spec.repository
-            && other.spec.package_name == pr.spec.package_name
-            && other.metadata.deletion_timestamp.is_none()
-            && other.metadata.name != pr.metadata.name
-    };
-    let mut candidates: Vec<(&PackageRevision, i64, bool)> = vec![(
-        pr,
-        revision.unwrap_or(0),
-        effective(pr.spec.lifecycle).is_published(),
-    )];
-    for other in related.iter().filter(|o| same_package(o)) {
-        let r = other.status.as_ref().and_then(|s| s.revision).unwrap_or(0);
-        candidates.push((other, r, effective(other.spec.lifecycle).is_published()));
-    }
-    let winner = candidates
-        .iter()
-        .filter(|(_, r, published)| *published && *r > 0)
-        .max_by_key(|(_, r, _)| *r)
-        .map(|(p, _, _)| p.metadata.name.clone());
-    candidates
-        .iter()
-        .filter_map(|(p, _, _)| {
-            let want = if winner.as_ref() == Some(&p.metadata.name) {
-                "true"
-            } else {
-                "false"
-            };
-            let labels = p.metadata.labels.as_ref();
-            if labels
-                .and_then(|l| l.get(LATEST_REVISION_LABEL))
-                .map(String::as_str)
-                == Some(want)
-            {
-                return None;
-            }
-            let op = if labels.is_some() {
-                PatchOperation::Add(AddOperation {
-                    path: format!(
-                        "/metadata/labels/{}",
-                        LATEST_REVISION_LABEL.replace('~', "~0").replace('/', "~1")
-                    )
-                    .as_str()
-                    .try_into()
-                    .unwrap_or_default(),
-                    value: serde_json::Value::String(want.into()),
-                })
-            } else {
-                PatchOperation::Add(AddOperation {
-                    path: "/metadata/labels".try_into().unwrap_or_default(),
-                    value: serde_json::json!({ LATEST_REVISION_LABEL: want }),
-                })
-            };
-            Some(ObjectPatch::guarded(
-                ObjectRef::package_revision(p),
-                Subresource::Main,
-                p.metadata.resource_version.as_deref().unwrap_or(""),
-                vec![op],
-            ))
-        })
-        .collect()
+    let mut candidates = vec![(pr, revision.unwrap_or(0))];
+    candidates.extend(siblings(pr, related));
+    latest_label_patches(&candidates)
 }

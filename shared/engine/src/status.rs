@@ -2,7 +2,9 @@
 
 use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use porch_api::LATEST_REVISION_LABEL;
 use porch_api::invocation::{ObjectPatch, ObjectRef, Subresource};
+use porch_api::lifecycle::effective;
 use porch_api::v1alpha2::{PackageRevision, PackageRevisionStatus};
 
 /// Sets a condition, keeping its transition time when nothing changed.
@@ -51,4 +53,78 @@ pub(crate) fn status_patch(pr: &PackageRevision, status: PackageRevisionStatus) 
             value,
         })],
     )
+}
+
+/// The other live revisions of the same package, with their revision
+/// numbers.
+pub(crate) fn siblings<'a>(
+    pr: &PackageRevision,
+    related: &'a [PackageRevision],
+) -> Vec<(&'a PackageRevision, i64)> {
+    related
+        .iter()
+        .filter(|other| {
+            other.metadata.namespace == pr.metadata.namespace
+                && other.spec.repository == pr.spec.repository
+                && other.spec.package_name == pr.spec.package_name
+                && other.metadata.deletion_timestamp.is_none()
+                && other.metadata.name != pr.metadata.name
+        })
+        .map(|other| {
+            (
+                other,
+                other.status.as_ref().and_then(|s| s.revision).unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// The label patches that make the published revision with the highest
+/// number the only `"true"` among `candidates` (spec §4.5); only labels
+/// that change are patched.
+pub(crate) fn latest_label_patches(candidates: &[(&PackageRevision, i64)]) -> Vec<ObjectPatch> {
+    let winner = candidates
+        .iter()
+        .filter(|(p, r)| effective(p.spec.lifecycle).is_published() && *r > 0)
+        .max_by_key(|(_, r)| *r)
+        .map(|(p, _)| p.metadata.name.clone());
+    candidates
+        .iter()
+        .filter_map(|(p, _)| {
+            let want = if winner.as_ref() == Some(&p.metadata.name) {
+                "true"
+            } else {
+                "false"
+            };
+            let labels = p.metadata.labels.as_ref();
+            if labels
+                .and_then(|l| l.get(LATEST_REVISION_LABEL))
+                .map(String::as_str)
+                == Some(want)
+            {
+                return None;
+            }
+            let op = if labels.is_some() {
+                let key = LATEST_REVISION_LABEL.replace('~', "~0").replace('/', "~1");
+                PatchOperation::Add(AddOperation {
+                    path: format!("/metadata/labels/{key}")
+                        .as_str()
+                        .try_into()
+                        .unwrap_or_default(),
+                    value: serde_json::Value::String(want.into()),
+                })
+            } else {
+                PatchOperation::Add(AddOperation {
+                    path: "/metadata/labels".try_into().unwrap_or_default(),
+                    value: serde_json::json!({ LATEST_REVISION_LABEL: want }),
+                })
+            };
+            Some(ObjectPatch::guarded(
+                ObjectRef::package_revision(p),
+                Subresource::Main,
+                p.metadata.resource_version.as_deref().unwrap_or(""),
+                vec![op],
+            ))
+        })
+        .collect()
 }
