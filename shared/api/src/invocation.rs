@@ -148,6 +148,19 @@ impl ObjectPatch {
     }
 }
 
+/// One server-side apply: the fields `object` states are owned by
+/// `field_manager` (forced, or skipped on a conflict when not).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Apply {
+    pub field_manager: String,
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default)]
+    pub subresource: Subresource,
+    pub object: serde_json::Value,
+}
+
 /// `Normal` or `Warning`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum EventType {
@@ -173,9 +186,9 @@ pub struct EventRecord {
 pub struct Outcome {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub patches: Vec<ObjectPatch>,
-    /// Objects to create or update (server-side apply), for repository sync.
+    /// Server-side applies (repository sync), in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub apply: Vec<serde_json::Value>,
+    pub apply: Vec<Apply>,
     /// Objects to delete, for repository sync.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub delete: Vec<ObjectRef>,

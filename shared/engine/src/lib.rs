@@ -9,6 +9,7 @@
 //! - [`lifecycle`]: propose, reject, publish, propose deletion (spec §4).
 //! - [`source`]: init, clone, copy, upgrade as a new draft (spec §3).
 //! - [`delete`]: git cleanup of a revision being deleted (spec §4.7).
+//! - [`sync`]: repository discovery into objects to apply and delete (spec §6).
 
 pub mod delete;
 mod error;
@@ -16,5 +17,6 @@ pub mod lifecycle;
 pub mod render;
 pub mod source;
 mod status;
+pub mod sync;
 
 pub use error::HandlerError;

@@ -6,3 +6,4 @@ mod lifecycle;
 mod render;
 mod source;
 mod support;
+mod sync;

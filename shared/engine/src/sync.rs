@@ -1,0 +1,234 @@
+//! The sync handler (spec §6): discover a repository's revisions in git and
+//! say which PackageRevision objects to apply and which to delete.
+//!
+//! - Owned fields (manager `repository-controller`, forced): the repository
+//!   label, the owner reference, package, repository and workspace, and the
+//!   upstream lock, self lock and deployment flag in the status. Objects whose
+//!   owned fields already match are left alone.
+//! - Seed fields (manager `repository-controller-seed`, not forced, new
+//!   objects only): lifecycle, revision, publishedBy, publishedAt.
+//! - Stale objects (labelled for the repository, no longer in git) are
+//!   deleted, and their finalizer released in the same Outcome so a revision
+//!   deleted directly in git does not hang in Terminating (§9 item 23). An
+//!   object whose source has not run yet is never stale.
+
+use json_patch::{PatchOperation, RemoveOperation};
+use porch_api::invocation::{
+    Apply, Invocation, ObjectPatch, ObjectRef, Operation, Outcome, Subresource,
+};
+use porch_api::v1alpha2::PackageRevision;
+use porch_api::{PACKAGE_REVISION_FINALIZER, REPOSITORY_LABEL};
+use porch_git::discovery::{DiscoveredRevision, discover};
+use porch_git::mirror::Mirror;
+use porch_git::remote::Remote;
+use porch_git::repo::GitRepo;
+
+use crate::HandlerError;
+use crate::render::layout;
+
+/// Field manager of the owned fields.
+pub const OWNER_MANAGER: &str = "repository-controller";
+/// Field manager of the fields set once, on create.
+pub const SEED_MANAGER: &str = "repository-controller-seed";
+
+fn owner_reference(invocation: &Invocation) -> serde_json::Value {
+    let repo = &invocation.repository.metadata;
+    serde_json::json!([{
+        "apiVersion": "config.porch.kpt.dev/v1alpha1",
+        "kind": "Repository",
+        "name": repo.name.clone().unwrap_or_default(),
+        "uid": repo.uid.clone().unwrap_or_default(),
+    }])
+}
+
+fn base(name: &str, namespace: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "porch.kpt.dev/v1alpha2",
+        "kind": "PackageRevision",
+        "metadata": {"name": name, "namespace": namespace},
+    })
+}
+
+fn published_at(seconds: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(seconds)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Whether an existing object's owned fields already say what git says.
+fn up_to_date(
+    existing: &PackageRevision,
+    d: &DiscoveredRevision,
+    repository: &str,
+    deployment: bool,
+) -> bool {
+    let labels_ok = existing
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REPOSITORY_LABEL))
+        .is_some_and(|v| v == repository);
+    let owned = existing
+        .metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|refs| {
+            refs.iter()
+                .any(|r| r.kind == "Repository" && r.name == repository)
+        });
+    let status = existing.status.clone().unwrap_or_default();
+    labels_ok
+        && owned
+        && existing.spec.package_name == d.package
+        && existing.spec.workspace_name == d.workspace
+        && status.self_lock.as_ref() == Some(&d.self_lock)
+        && status.upstream_lock == d.upstream_lock
+        && status.deployment == deployment
+}
+
+/// Discovers the repository and reconciles its objects.
+///
+/// # Errors
+/// A malformed Invocation (not retryable); git failures (retryable).
+pub async fn sync<R: Remote + 'static>(
+    invocation: &Invocation,
+    mirror: &Mirror<R>,
+) -> Result<Outcome, HandlerError> {
+    if invocation.operation != Operation::Sync {
+        return Err(HandlerError::Invalid(format!(
+            "the sync handler got a {} invocation",
+            invocation.operation.as_str()
+        )));
+    }
+    let repository = invocation
+        .repository
+        .metadata
+        .name
+        .clone()
+        .ok_or_else(|| HandlerError::Invalid("the Repository has no name".into()))?;
+    let namespace = invocation
+        .repository
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_default();
+    let deployment = invocation.repository.spec.deployment;
+    let url = invocation
+        .repository
+        .spec
+        .git
+        .as_ref()
+        .map(|g| g.repo.clone())
+        .unwrap_or_default();
+    let layout = layout(invocation);
+    mirror.fetch().await?;
+    let path = mirror.path().to_owned();
+    let name = repository.clone();
+    let discovered = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
+        let repo = GitRepo::open(&path)?;
+        Ok(discover(&repo, &layout, &name, &url)?)
+    })
+    .await
+    .map_err(|e| HandlerError::Internal(e.to_string()))??;
+
+    let existing: Vec<&PackageRevision> = invocation
+        .related
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref().unwrap_or("") == namespace)
+        .collect();
+    let mut out = Outcome::default();
+    for d in &discovered {
+        let current = existing
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(d.name.as_str()));
+        if current.is_some_and(|c| up_to_date(c, d, &repository, deployment)) {
+            continue;
+        }
+        let mut spec = base(&d.name, &namespace);
+        spec["metadata"]["labels"] = serde_json::json!({ REPOSITORY_LABEL: repository });
+        spec["metadata"]["ownerReferences"] = owner_reference(invocation);
+        spec["spec"] = serde_json::json!({
+            "packageName": d.package,
+            "repository": repository,
+            "workspaceName": d.workspace,
+        });
+        out.apply.push(Apply {
+            field_manager: OWNER_MANAGER.into(),
+            force: true,
+            subresource: Subresource::Main,
+            object: spec,
+        });
+        let mut status = base(&d.name, &namespace);
+        status["status"] = serde_json::json!({ "selfLock": d.self_lock, "deployment": deployment });
+        if let Some(lock) = &d.upstream_lock {
+            status["status"]["upstreamLock"] = serde_json::to_value(lock).unwrap_or_default();
+        }
+        out.apply.push(Apply {
+            field_manager: OWNER_MANAGER.into(),
+            force: true,
+            subresource: Subresource::Status,
+            object: status,
+        });
+        if current.is_none() {
+            let mut seed = base(&d.name, &namespace);
+            seed["spec"] = serde_json::json!({ "lifecycle": d.lifecycle.as_str() });
+            out.apply.push(Apply {
+                field_manager: SEED_MANAGER.into(),
+                force: false,
+                subresource: Subresource::Main,
+                object: seed,
+            });
+            if d.revision != 0 {
+                let mut seed = base(&d.name, &namespace);
+                seed["status"] = serde_json::json!({ "revision": d.revision });
+                if d.revision > 0 {
+                    seed["status"]["publishedBy"] = serde_json::json!(d.author);
+                    seed["status"]["publishedAt"] = serde_json::json!(published_at(d.author_time));
+                }
+                out.apply.push(Apply {
+                    field_manager: SEED_MANAGER.into(),
+                    force: false,
+                    subresource: Subresource::Status,
+                    object: seed,
+                });
+            }
+        }
+    }
+    for stale in existing.iter().filter(|p| {
+        let labelled = p
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(REPOSITORY_LABEL))
+            .is_some_and(|v| *v == repository);
+        let found = discovered
+            .iter()
+            .any(|d| p.metadata.name.as_deref() == Some(d.name.as_str()));
+        let source_pending = p.spec.source.is_some()
+            && p.status
+                .as_ref()
+                .is_none_or(|s| s.creation_source.is_empty());
+        labelled && !found && !source_pending
+    }) {
+        if let Some(index) = stale
+            .metadata
+            .finalizers
+            .as_ref()
+            .and_then(|f| f.iter().position(|x| x == PACKAGE_REVISION_FINALIZER))
+        {
+            out.patches.push(ObjectPatch::guarded(
+                ObjectRef::package_revision(stale),
+                Subresource::Main,
+                stale.metadata.resource_version.as_deref().unwrap_or(""),
+                vec![PatchOperation::Remove(RemoveOperation {
+                    path: format!("/metadata/finalizers/{index}")
+                        .as_str()
+                        .try_into()
+                        .unwrap_or_default(),
+                })],
+            ));
+        }
+        out.delete.push(ObjectRef::package_revision(stale));
+    }
+    Ok(out)
+}
