@@ -23,6 +23,12 @@ pub const CONVERT_PATH: &str = "/convert";
 pub enum CrdError {
     #[error("failed to merge the PackageRevision versions")]
     Merge(#[source] MergeError),
+    #[error("failed to render {name} as JSON")]
+    Json {
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("failed to render {name} as YAML")]
     Yaml {
         name: String,
@@ -93,9 +99,111 @@ pub const GENERATED_HEADER: &str =
 /// # Errors
 /// Only if serialisation fails.
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
-    let body = serde_saphyr::to_string(crd).map_err(|source| CrdError::Yaml {
-        name: crd.metadata.name.clone().unwrap_or_default(),
-        source,
-    })?;
+    // Through JSON into an order-keeping tree of plain values: numbers inside
+    // schema defaults are `serde_json::Value`s, which only serde_json can
+    // write when a crate in the build turns on its `arbitrary_precision`.
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let tree: Untyped = serde_json::to_string(crd)
+        .and_then(|json| serde_json::from_str(&json))
+        .map_err(|source| CrdError::Json {
+            name: name.clone(),
+            source,
+        })?;
+    let body = serde_saphyr::to_string(&tree).map_err(|source| CrdError::Yaml { name, source })?;
     Ok(format!("{GENERATED_HEADER}{body}"))
+}
+
+/// A YAML/JSON value that keeps map order and holds numbers as numbers.
+#[derive(Debug)]
+enum Untyped {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Untyped>),
+    Map(Vec<(String, Untyped)>),
+}
+
+impl serde::Serialize for Untyped {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self {
+            Untyped::Null => serializer.serialize_unit(),
+            Untyped::Bool(b) => serializer.serialize_bool(*b),
+            Untyped::Int(i) => serializer.serialize_i64(*i),
+            Untyped::Uint(u) => serializer.serialize_u64(*u),
+            Untyped::Float(f) => serializer.serialize_f64(*f),
+            Untyped::Str(s) => serializer.serialize_str(s),
+            Untyped::Seq(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Untyped::Map(entries) => {
+                let mut map = serializer.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Untyped {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Untyped;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any value")
+            }
+            fn visit_unit<E>(self) -> Result<Untyped, E> {
+                Ok(Untyped::Null)
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Untyped, E> {
+                Ok(Untyped::Bool(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Untyped, E> {
+                Ok(Untyped::Int(v))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Untyped, E> {
+                Ok(Untyped::Uint(v))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Untyped, E> {
+                Ok(Untyped::Float(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Untyped, E> {
+                Ok(Untyped::Str(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Untyped, E> {
+                Ok(Untyped::Str(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Untyped, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Untyped::Seq(items))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Untyped, A::Error> {
+                let mut entries = Vec::new();
+                while let Some((k, v)) = map.next_entry()? {
+                    entries.push((k, v));
+                }
+                Ok(Untyped::Map(entries))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }

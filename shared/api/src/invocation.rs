@@ -68,6 +68,69 @@ fn first_attempt() -> u32 {
     1
 }
 
+/// Why an Invocation could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum InvocationError {
+    #[error("invalid invocation: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("invalid invocation: {field} must be {expected}, got {found}")]
+    Version {
+        field: &'static str,
+        expected: &'static str,
+        found: String,
+    },
+}
+
+impl Invocation {
+    /// Decodes an Invocation, checking that every object has the
+    /// `apiVersion` and `kind` of its type (typed decoding alone does not).
+    ///
+    /// # Errors
+    /// Malformed JSON, unknown fields, objects of another version or kind.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, InvocationError> {
+        let raw: serde_json::Value = serde_json::from_slice(bytes)?;
+        let check = |field: &'static str, value: &serde_json::Value, expected: &'static str| {
+            let found = format!(
+                "{}/{}",
+                value["apiVersion"].as_str().unwrap_or(""),
+                value["kind"].as_str().unwrap_or("")
+            );
+            if found == expected {
+                Ok(())
+            } else {
+                Err(InvocationError::Version {
+                    field,
+                    expected,
+                    found,
+                })
+            }
+        };
+        const REVISION: &str = "porch.kpt.dev/v1alpha2/PackageRevision";
+        check(
+            "repository",
+            &raw["repository"],
+            "config.porch.kpt.dev/v1alpha1/Repository",
+        )?;
+        for field in ["packageRevision", "upstream"] {
+            if !raw[field].is_null() {
+                check(
+                    if field == "upstream" {
+                        "upstream"
+                    } else {
+                        "packageRevision"
+                    },
+                    &raw[field],
+                    REVISION,
+                )?;
+            }
+        }
+        for item in raw["related"].as_array().into_iter().flatten() {
+            check("related", item, REVISION)?;
+        }
+        Ok(serde_json::from_value(raw)?)
+    }
+}
+
 /// An object an Outcome talks about.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -229,9 +292,24 @@ mod tests {
             serde_json::from_value(json.clone()).expect("valid invocation");
         assert_eq!(invocation.operation, Operation::Render);
         assert_eq!(invocation.attempt, 1);
-        let mut bad = json;
+        let mut bad = json.clone();
         bad["secret"] = serde_json::json!("no");
         assert!(serde_json::from_value::<Invocation>(bad).is_err());
+        // Objects of another version are not read as these types.
+        let mut old = json.clone();
+        old["repository"]["apiVersion"] = serde_json::json!("config.porch.kpt.dev/v1alpha2");
+        let bytes = serde_json::to_vec(&old).expect("json");
+        assert!(matches!(
+            Invocation::from_json(&bytes),
+            Err(InvocationError::Version { .. })
+        ));
+        let mut old = json.clone();
+        old["related"] = serde_json::json!([{"apiVersion": "porch.kpt.dev/v1alpha1", "kind": "PackageRevision", "metadata": {"name": "x"}}]);
+        let bytes = serde_json::to_vec(&old).expect("json");
+        assert!(Invocation::from_json(&bytes).is_err());
+        assert!(Invocation::from_json(b"{not json").is_err());
+        let bytes = serde_json::to_vec(&json).expect("json");
+        assert!(Invocation::from_json(&bytes).is_ok());
     }
 
     #[test]

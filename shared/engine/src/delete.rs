@@ -70,16 +70,7 @@ pub async fn delete<R: Remote + 'static>(
     mirror: &Mirror<R>,
     now: &Time,
 ) -> Result<Outcome, HandlerError> {
-    if invocation.operation != Operation::Delete {
-        return Err(HandlerError::Invalid(format!(
-            "the delete handler got a {} invocation",
-            invocation.operation.as_str()
-        )));
-    }
-    let pr = invocation
-        .package_revision
-        .as_ref()
-        .ok_or_else(|| HandlerError::Invalid("delete needs the PackageRevision".into()))?;
+    let pr = crate::revision_of(invocation, Operation::Delete)?;
     if pr.metadata.deletion_timestamp.is_none() {
         return Ok(Outcome::none());
     }
@@ -149,7 +140,7 @@ pub async fn delete<R: Remote + 'static>(
         time: now.0.as_second(),
     };
     mirror
-        .apply_optimistic(move |repo| {
+        .apply(move |repo| {
             let packages = Packages {
                 repo,
                 layout: layout.clone(),

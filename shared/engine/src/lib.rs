@@ -20,3 +20,40 @@ mod status;
 pub mod sync;
 
 pub use error::HandlerError;
+
+/// The revision an Invocation is about, after the checks every handler
+/// makes: the right operation, the objects of the right versions, names
+/// that make safe git refs.
+pub(crate) fn revision_of(
+    invocation: &porch_api::invocation::Invocation,
+    operation: porch_api::invocation::Operation,
+) -> Result<&porch_api::v1alpha2::PackageRevision, HandlerError> {
+    check(invocation, operation)?;
+    let pr = invocation.package_revision.as_ref().ok_or_else(|| {
+        HandlerError::Invalid(format!("{} needs the PackageRevision", operation.as_str()))
+    })?;
+    porch_api::naming::validate_package_path(&pr.spec.package_name)
+        .and_then(|()| porch_api::naming::validate_label("workspaceName", &pr.spec.workspace_name))
+        .map_err(|e| HandlerError::Invalid(e.to_string()))?;
+    Ok(pr)
+}
+
+/// The checks of every Invocation: the operation and the Repository.
+pub(crate) fn check(
+    invocation: &porch_api::invocation::Invocation,
+    operation: porch_api::invocation::Operation,
+) -> Result<(), HandlerError> {
+    if invocation.operation != operation {
+        return Err(HandlerError::Invalid(format!(
+            "the {} handler got a {} invocation",
+            operation.as_str(),
+            invocation.operation.as_str()
+        )));
+    }
+    if invocation.repository.spec.git.is_none() {
+        return Err(HandlerError::Invalid(
+            "only git repositories are supported".into(),
+        ));
+    }
+    Ok(())
+}

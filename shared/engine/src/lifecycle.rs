@@ -44,16 +44,7 @@ pub async fn lifecycle<R: Remote + 'static>(
     mirror: &porch_git::mirror::Mirror<R>,
     now: &Time,
 ) -> Result<Outcome, HandlerError> {
-    if invocation.operation != Operation::Lifecycle {
-        return Err(HandlerError::Invalid(format!(
-            "the lifecycle handler got a {} invocation",
-            invocation.operation.as_str()
-        )));
-    }
-    let pr = invocation
-        .package_revision
-        .as_ref()
-        .ok_or_else(|| HandlerError::Invalid("lifecycle needs the PackageRevision".into()))?;
+    let pr = crate::revision_of(invocation, Operation::Lifecycle)?;
     if !planner::is_due(Operation::Lifecycle, pr, &invocation.repository) {
         return Ok(Outcome::none());
     }
@@ -85,7 +76,7 @@ pub async fn lifecycle<R: Remote + 'static>(
     };
 
     let outcome = mirror
-        .apply_optimistic(move |repo| {
+        .apply(move |repo| {
             let packages = Packages {
                 repo,
                 layout: layout.clone(),

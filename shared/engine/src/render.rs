@@ -55,16 +55,7 @@ pub async fn render<R: Remote + 'static>(
     mirror: &Mirror<R>,
     context: &RenderContext,
 ) -> Result<Outcome, HandlerError> {
-    if invocation.operation != Operation::Render {
-        return Err(HandlerError::Invalid(format!(
-            "the render handler got a {} invocation",
-            invocation.operation.as_str()
-        )));
-    }
-    let pr = invocation
-        .package_revision
-        .as_ref()
-        .ok_or_else(|| HandlerError::Invalid("render needs the PackageRevision".into()))?;
+    let pr = crate::revision_of(invocation, Operation::Render)?;
     if !planner::is_due(Operation::Render, pr, &invocation.repository) {
         return Ok(Outcome::none());
     }

@@ -348,16 +348,7 @@ pub async fn source<R: Remote + 'static>(
     mirror: &Mirror<R>,
     now: &Time,
 ) -> Result<Outcome, HandlerError> {
-    if invocation.operation != Operation::Source {
-        return Err(HandlerError::Invalid(format!(
-            "the source handler got a {} invocation",
-            invocation.operation.as_str()
-        )));
-    }
-    let pr = invocation
-        .package_revision
-        .as_ref()
-        .ok_or_else(|| HandlerError::Invalid("source needs the PackageRevision".into()))?;
+    let pr = crate::revision_of(invocation, Operation::Source)?;
     if !planner::is_due(Operation::Source, pr, &invocation.repository) {
         return Ok(Outcome::none());
     }

@@ -94,12 +94,7 @@ pub async fn sync<R: Remote + 'static>(
     invocation: &Invocation,
     mirror: &Mirror<R>,
 ) -> Result<Outcome, HandlerError> {
-    if invocation.operation != Operation::Sync {
-        return Err(HandlerError::Invalid(format!(
-            "the sync handler got a {} invocation",
-            invocation.operation.as_str()
-        )));
-    }
+    crate::check(invocation, Operation::Sync)?;
     let repository = invocation
         .repository
         .metadata

@@ -286,17 +286,35 @@ impl Remote for LocalRemote {
     async fn fetch(&self, mirror: &Path) -> Result<RemoteRefs, RemoteError> {
         let (source, mirror) = (self.path.clone(), mirror.to_owned());
         blocking(move || {
-            let from = GitRepo::open(&source)?;
-            let to = GitRepo::open(&mirror)?;
-            let refs: RemoteRefs = from
-                .try_refs_unpeeled()?
-                .into_iter()
-                .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
-                .collect();
-            let tips: Vec<ObjectId> = refs.values().copied().collect();
-            Self::copy_objects(&from, &to, &tips)?;
-            to.mirror_refs(&refs)?;
-            Ok(refs)
+            // A writer may be between writing objects and moving refs while
+            // we read: a ref we cannot resolve is read again from a freshly
+            // opened repository, as a git server would serve a consistent
+            // view.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let read = || -> Result<RemoteRefs, RemoteError> {
+                    let from = GitRepo::open(&source)?;
+                    let to = GitRepo::open(&mirror)?;
+                    let refs: RemoteRefs = from
+                        .try_refs_unpeeled()?
+                        .into_iter()
+                        .filter(|(n, _)| {
+                            n.starts_with("refs/heads/") || n.starts_with("refs/tags/")
+                        })
+                        .collect();
+                    let tips: Vec<ObjectId> = refs.values().copied().collect();
+                    Self::copy_objects(&from, &to, &tips)?;
+                    to.mirror_refs(&refs)?;
+                    Ok(refs)
+                };
+                match read() {
+                    Err(RemoteError::Repo(_)) if attempt < 5 => {
+                        std::thread::sleep(std::time::Duration::from_millis(10 * attempt));
+                    }
+                    other => return other,
+                }
+            }
         })
         .await
     }
@@ -308,16 +326,29 @@ impl Remote for LocalRemote {
         let url = self.display.clone();
         blocking(move || {
             let from = GitRepo::open(&mirror)?;
-            let to = GitRepo::open(&target)?;
             let tips: Vec<ObjectId> = updates.iter().filter_map(|u| u.new).collect();
-            Self::copy_objects(&from, &to, &tips)?;
-            to.update_refs(&updates).map_err(|e| match e {
-                RepoError::Conflict { name, .. } => RemoteError::Rejected {
-                    url,
-                    refs: vec![(name, RefRejection::Stale)],
-                },
-                other => other.into(),
-            })
+            // A concurrent writer's objects may be newer than the view a
+            // handle opened earlier: a ref that cannot be resolved is tried
+            // again through a fresh handle.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let to = GitRepo::open(&target)?;
+                Self::copy_objects(&from, &to, &tips)?;
+                match to.update_refs(&updates) {
+                    Ok(()) => return Ok(()),
+                    Err(RepoError::Conflict { name, .. }) => {
+                        return Err(RemoteError::Rejected {
+                            url,
+                            refs: vec![(name, RefRejection::Stale)],
+                        });
+                    }
+                    Err(_) if attempt < 5 => {
+                        std::thread::sleep(std::time::Duration::from_millis(10 * attempt));
+                    }
+                    Err(other) => return Err(other.into()),
+                }
+            }
         })
         .await
     }

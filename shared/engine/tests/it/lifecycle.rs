@@ -203,3 +203,82 @@ async fn a_draft_cannot_be_published_without_review() -> anyhow::Result<()> {
     assert_eq!(refs(&repo), before);
     Ok(())
 }
+
+/// Twenty proposed revisions of one package published at once, each
+/// through its own mirror of the same repository (as twenty handler
+/// instances would): revisions 1..20, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_publishes_get_consecutive_unique_revisions() -> anyhow::Result<()> {
+    use porch_git::identity::Identity;
+    use porch_git::layout::RepoLayout;
+    use porch_git::mirror::{Mirror, RetryPolicy};
+    use porch_git::operations::{Actor, Packages};
+    use porch_git::remote::LocalRemote;
+
+    let repo = crate::support::empty_repo()?;
+    let files = package(LABELS);
+    repo.mirror
+        .apply(move |git| {
+            let packages = Packages {
+                repo: git,
+                layout: RepoLayout::new("", "main"),
+            };
+            for i in 0..20 {
+                let actor = Actor {
+                    uid: format!("uid-{i}"),
+                    generation: 1,
+                    author: Identity::of_user("alice@example.com"),
+                    time: 1_795_000_000,
+                };
+                packages.create_draft(
+                    "app",
+                    &format!("ws{i}"),
+                    &files,
+                    Default::default(),
+                    &actor,
+                )?;
+                packages.propose("app", &format!("ws{i}"))?;
+            }
+            Ok(())
+        })
+        .await?;
+
+    let retry = RetryPolicy {
+        conflict_attempts: 100,
+        ..RetryPolicy::default()
+    };
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let dir = tempfile::tempdir()?;
+        let mirror = Mirror::new(
+            dir.path().join("mirror"),
+            LocalRemote::new(&repo.remote),
+            retry,
+        )?;
+        let mut inv = to(Lifecycle::Published, serde_json::json!({}));
+        if let Some(pr) = inv.package_revision.as_mut() {
+            pr.metadata.name = Some(format!("blueprints.app.ws{i}"));
+            pr.metadata.uid = Some(format!("uid-{i}"));
+            pr.spec.workspace_name = format!("ws{i}");
+        }
+        tasks.push(tokio::spawn(async move {
+            let _keep = dir;
+            lifecycle(&inv, &mirror, &now()).await
+        }));
+    }
+    let mut revisions = Vec::new();
+    for task in tasks {
+        let outcome = task.await??;
+        let s = status(&outcome);
+        assert_eq!(ready(&s).0, "True", "{s}");
+        revisions.push(s["revision"].as_i64().unwrap_or(0));
+    }
+    revisions.sort_unstable();
+    assert_eq!(revisions, (1..=20).collect::<Vec<i64>>());
+    let tags: Vec<String> = refs(&repo)
+        .into_iter()
+        .filter(|r| r.starts_with("refs/tags/app/"))
+        .collect();
+    assert_eq!(tags.len(), 20, "{tags:?}");
+    Ok(())
+}
