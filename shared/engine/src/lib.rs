@@ -5,12 +5,14 @@
 //! the Kubernetes API; it does the git work through a mirror of the
 //! repository and says what the relay must patch.
 //!
+//! - [`adopt`]: the finalizer and the Repository owner reference.
 //! - [`render`]: render a draft (spec §5).
 //! - [`lifecycle`]: propose, reject, publish, propose deletion (spec §4).
 //! - [`source`]: init, clone, copy, upgrade as a new draft (spec §3).
 //! - [`delete`]: git cleanup of a revision being deleted (spec §4.7).
 //! - [`sync`]: repository discovery into objects to apply and delete (spec §6).
 
+pub mod adopt;
 pub mod delete;
 mod error;
 pub mod lifecycle;

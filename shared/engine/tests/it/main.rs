@@ -1,6 +1,7 @@
 //! Integration tests of porch-engine: handlers against real git
 //! repositories on disk.
 
+mod adopt;
 mod delete;
 mod lifecycle;
 mod render;
