@@ -3,6 +3,7 @@
 
 mod adopt;
 mod delete;
+mod e2e;
 mod lifecycle;
 mod render;
 mod source;
