@@ -2,6 +2,7 @@
 //! repositories on disk.
 
 mod adopt;
+mod bad_input;
 mod delete;
 mod e2e;
 mod lifecycle;
