@@ -140,7 +140,8 @@ impl Packages<'_> {
         Ok(commit)
     }
 
-    /// A new commit on a draft with `files` as the package.
+    /// A new commit on a draft with `files` as the package; a repeat for the
+    /// same uid and generation finds the commit it made.
     ///
     /// # Errors
     /// No such draft, or it moved meanwhile ([`RepoError::Conflict`]).
@@ -152,16 +153,9 @@ impl Packages<'_> {
         task: Task,
         actor: &Actor,
     ) -> Result<ObjectId, OperationError> {
-        let draft = self.layout.draft_ref(package, workspace)?;
-        let head = self
-            .head(&draft)?
-            .ok_or_else(|| OperationError::Missing(draft.clone()))?;
-        if self.annotated_for(head, actor)? {
-            return Ok(head);
-        }
-        let commit = self.draft_commit(package, workspace, files, task, actor, Some(head))?;
-        self.repo.update_ref(&draft, Some(head), Some(commit))?;
-        Ok(commit)
+        self.write_draft(package, workspace, files, task, actor, &|head| {
+            self.annotated_for(head, actor).map_err(Into::into)
+        })
     }
 
     /// A new commit on a draft only if `files` differ from the package it
@@ -178,14 +172,28 @@ impl Packages<'_> {
         task: Task,
         actor: &Actor,
     ) -> Result<ObjectId, OperationError> {
+        let full = self.layout.full_path(package);
+        self.write_draft(package, workspace, files, task, actor, &|head| {
+            Ok(&self.repo.read_files(head, &full)? == files)
+        })
+    }
+
+    /// A commit of `files` on the draft unless `done` says the head already
+    /// has them.
+    fn write_draft(
+        &self,
+        package: &str,
+        workspace: &str,
+        files: &Files,
+        task: Task,
+        actor: &Actor,
+        done: &dyn Fn(ObjectId) -> Result<bool, OperationError>,
+    ) -> Result<ObjectId, OperationError> {
         let draft = self.layout.draft_ref(package, workspace)?;
         let head = self
             .head(&draft)?
             .ok_or_else(|| OperationError::Missing(draft.clone()))?;
-        let current = self
-            .repo
-            .read_files(head, &self.layout.full_path(package))?;
-        if &current == files {
+        if done(head)? {
             return Ok(head);
         }
         let commit = self.draft_commit(package, workspace, files, task, actor, Some(head))?;
