@@ -40,21 +40,14 @@ pub(crate) struct Repo {
 
 /// A bare repository with a draft of `app` in workspace `v1`.
 pub(crate) async fn repo_with_draft(files: Files) -> anyhow::Result<Repo> {
-    let dir = tempfile::tempdir()?;
-    let remote = dir.path().join("remote.git");
-    GitRepo::init_bare(&remote)?;
-    let mirror = Mirror::new(
-        dir.path().join("mirror"),
-        LocalRemote::new(&remote),
-        RetryPolicy::default(),
-    )?;
+    let repo = empty_repo()?;
     let actor = Actor {
         uid: "uid-1".into(),
         generation: 1,
         author: Identity::of_user("alice@example.com"),
         time: 1_795_000_000,
     };
-    mirror
+    repo.mirror
         .apply(move |repo| {
             Packages {
                 repo,
@@ -72,11 +65,7 @@ pub(crate) async fn repo_with_draft(files: Files) -> anyhow::Result<Repo> {
             )
         })
         .await?;
-    Ok(Repo {
-        _dir: dir,
-        remote,
-        mirror,
-    })
+    Ok(repo)
 }
 
 pub(crate) fn invocation(operation: &str, annotations: serde_json::Value) -> Invocation {
