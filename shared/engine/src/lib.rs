@@ -11,12 +11,14 @@
 //! - [`source`]: init, clone, copy, upgrade as a new draft (spec §3).
 //! - [`delete`]: git cleanup of a revision being deleted (spec §4.7).
 //! - [`sync`]: repository discovery into objects to apply and delete (spec §6).
+//! - [`repository`]: a Repository's remote and the handler's mirror of it.
 
 pub mod adopt;
 pub mod delete;
 mod error;
 pub mod lifecycle;
 pub mod render;
+pub mod repository;
 pub mod source;
 mod status;
 pub mod sync;

@@ -7,6 +7,7 @@ mod delete;
 mod e2e;
 mod lifecycle;
 mod render;
+mod repository;
 mod source;
 mod support;
 mod sync;
