@@ -15,7 +15,7 @@ use crate::HandlerError;
 #[derive(Debug)]
 pub enum AnyRemote {
     Local(LocalRemote),
-    Smart(SmartRemote),
+    Smart(Box<SmartRemote>),
 }
 
 impl Remote for AnyRemote {
@@ -63,7 +63,7 @@ pub fn remote_for(
         return Ok(AnyRemote::Local(LocalRemote::new(url)));
     }
     SmartRemote::new(url, options)
-        .map(AnyRemote::Smart)
+        .map(|r| AnyRemote::Smart(Box::new(r)))
         .map_err(|e| HandlerError::Invalid(e.to_string()))
 }
 
