@@ -160,6 +160,38 @@ fn init_files(pr: &PackageRevision) -> Result<Files, Refusal> {
     .into())
 }
 
+/// The package context of a clone into a deployment repository (spec §4;
+/// the reference's v1alpha2 clone skips it, §9 item 18): every ConfigMap
+/// `kptfile.kpt.dev` is dropped and a root `package-context.yaml` holds the
+/// new package's name and path.
+fn package_context(files: Files, package: &str) -> Result<Files, Refusal> {
+    let mut resources = porch_krm::package::read_resources(&files).map_err(|e| e.to_string())?;
+    let previous = porch_krm::package::resource_files(&resources);
+    resources.retain(|r| {
+        !(r.kind() == "ConfigMap" && r.api_version() == "v1" && r.name() == "kptfile.kpt.dev")
+    });
+    let name = package.rsplit('/').next().unwrap_or(package);
+    let mut context = yaml::parse_document(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kptfile.kpt.dev\n  annotations:\n    config.kubernetes.io/local-config: \"true\"\ndata:\n  name: x\n  package-path: x\n",
+    )
+    .map_err(|e| e.to_string())?
+    .ok_or("empty package context")?;
+    for (key, value) in [("name", name), ("package-path", package)] {
+        if let Some(slot) = context.lookup_mut(&["data", key]) {
+            slot.set_string(value);
+        }
+    }
+    resources.push(porch_krm::resource::Resource::new(
+        context,
+        porch_krm::resource::Origin {
+            path: "package-context.yaml".into(),
+            index: Some(0),
+            ..Default::default()
+        },
+    ));
+    porch_krm::package::write_resources(&files, resources, &previous).map_err(|e| e.to_string())
+}
+
 /// Points the Kptfile at its upstream and renames the package (kpt's
 /// `UpdateKptfileUpstream`).
 fn set_upstream(files: &mut Files, name: &str, lock: &GitLock) -> Result<(), Refusal> {
@@ -262,6 +294,9 @@ fn compute(
             }
             let (mut files, lock) = read_published(repo, layout, url, upstream)?;
             set_upstream(&mut files, &pr.spec.package_name, &lock)?;
+            if invocation.repository.spec.deployment {
+                files = package_context(files, &pr.spec.package_name)?;
+            }
             let files = merge::add_merge_keys(&files, true).map_err(|e| e.to_string())?;
             Ok((files, kind))
         }

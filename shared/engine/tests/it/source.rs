@@ -253,3 +253,30 @@ async fn refused_sources_are_reported_and_write_nothing() -> anyhow::Result<()> 
     assert_eq!(GitRepo::open(&repo.remote)?.refs()?, refs_before);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_clone_into_a_deployment_repository_gets_its_package_context() -> anyhow::Result<()> {
+    let repo = empty_repo()?;
+    let mut upstream = base("1");
+    upstream.insert(
+        "package-context.yaml".into(),
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kptfile.kpt.dev\n  annotations:\n    config.kubernetes.io/local-config: \"true\"\ndata:\n  name: example\n".to_vec(),
+    );
+    publish(&repo.mirror, "base", "v1", upstream).await?;
+    let mut clone = with_source(
+        "edge/site1",
+        "v1",
+        serde_json::json!({"cloneFrom": {"upstreamRef": {"name": "blueprints.base.v1"}}}),
+    );
+    clone.upstream = Some(published_revision("blueprints.base.v1", "base", "v1", 1));
+    clone.repository.spec.deployment = true;
+    source(&clone, &repo.mirror, &now()).await?;
+    let files = draft(&repo, "edge/site1", "v1")?.ok_or_else(|| anyhow::anyhow!("no clone"))?;
+    let context = text(&files, "package-context.yaml");
+    assert!(
+        context.contains("data:\n  name: site1\n  package-path: edge/site1\n"),
+        "{context}"
+    );
+    assert!(!context.contains("example"), "{context}");
+    Ok(())
+}
