@@ -81,11 +81,46 @@ fn source_failed(pr: &PackageRevision) -> bool {
             .any(|c| c.type_ == READY_CONDITION && c.status == "False" && c.reason == "Failed")
 }
 
+/// The reason `Ready` is False while readiness gates are not met.
+pub const GATES_PENDING_REASON: &str = "ReadinessGatesPending";
+
+/// The readiness gates (`spec.readinessGates`) not yet met: no
+/// `status.packageConditions` entry of that type with status `True`.
+pub fn unmet_readiness_gates(pr: &PackageRevision) -> Vec<String> {
+    let conditions = pr
+        .status
+        .as_ref()
+        .map(|s| s.package_conditions.as_slice())
+        .unwrap_or_default();
+    pr.spec
+        .readiness_gates
+        .iter()
+        .filter(|gate| {
+            !conditions.iter().any(|c| {
+                c.type_ == gate.condition_type && c.status == crate::common::ConditionStatus::True
+            })
+        })
+        .map(|gate| gate.condition_type.clone())
+        .collect()
+}
+
 /// Whether the lifecycle must be brought to git: the spec changed since the
-/// last status write, or the last attempt did not end `Ready`.
+/// last status write, or the last attempt did not end `Ready` — except when
+/// it waits for readiness gates that are still not met.
 pub fn lifecycle_due(pr: &PackageRevision) -> bool {
     let observed = pr.status.as_ref().and_then(|s| s.observed_generation);
-    observed != pr.metadata.generation || condition_status(pr, READY_CONDITION) != Some("True")
+    if observed != pr.metadata.generation {
+        return true;
+    }
+    let ready = pr
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY_CONDITION));
+    match ready {
+        Some(c) if c.status == "True" => false,
+        Some(c) if c.reason == GATES_PENDING_REASON => unmet_readiness_gates(pr).is_empty(),
+        _ => true,
+    }
 }
 
 /// The operations due now, in the order they must run. Only the first is
@@ -224,6 +259,33 @@ mod tests {
         pr.metadata.annotations =
             Some([(RENDER_REQUEST_ANNOTATION.to_owned(), "def".to_owned())].into());
         assert!(!render_due(&pr));
+    }
+
+    #[test]
+    fn readiness_gates_hold_ready_until_their_conditions_are_true() {
+        let mut pr = adopted(draft());
+        pr.spec.readiness_gates = vec![crate::common::ReadinessGate {
+            condition_type: "Approved".into(),
+        }];
+        let mut waiting = condition("Ready", "False");
+        waiting.reason = GATES_PENDING_REASON.into();
+        pr.status = Some(PackageRevisionStatus {
+            creation_source: "init".into(),
+            observed_generation: Some(1),
+            conditions: vec![waiting, condition("Rendered", "True")],
+            ..Default::default()
+        });
+        assert_eq!(unmet_readiness_gates(&pr), vec!["Approved".to_owned()]);
+        assert!(plan(&pr, &repository()).is_empty());
+        pr.status.as_mut().expect("status").package_conditions =
+            vec![crate::common::PackageCondition {
+                type_: "Approved".into(),
+                status: crate::common::ConditionStatus::True,
+                reason: String::new(),
+                message: String::new(),
+            }];
+        assert!(unmet_readiness_gates(&pr).is_empty());
+        assert_eq!(plan(&pr, &repository()), vec![Operation::Lifecycle]);
     }
 
     #[test]

@@ -131,15 +131,29 @@ pub async fn lifecycle<R: Remote + 'static>(
     match outcome {
         Ok(applied) => {
             status.observed_generation = generation;
-            set_condition(
-                &mut status.conditions,
-                READY_CONDITION,
-                "True",
-                "Ready",
-                "",
-                generation,
-                now,
-            );
+            let unmet = planner::unmet_readiness_gates(pr);
+            if unmet.is_empty() {
+                set_condition(
+                    &mut status.conditions,
+                    READY_CONDITION,
+                    "True",
+                    "Ready",
+                    "",
+                    generation,
+                    now,
+                );
+            } else {
+                let message = format!("waiting for readiness gates: {}", unmet.join(", "));
+                set_condition(
+                    &mut status.conditions,
+                    READY_CONDITION,
+                    "False",
+                    planner::GATES_PENDING_REASON,
+                    &message,
+                    generation,
+                    now,
+                );
+            }
             if let Done::Published(revision) = applied.value {
                 let newly = known_revision.is_none();
                 status.revision = i64::try_from(revision).ok();

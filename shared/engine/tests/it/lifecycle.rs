@@ -282,3 +282,38 @@ async fn parallel_publishes_get_consecutive_unique_revisions() -> anyhow::Result
     assert_eq!(tags.len(), 20, "{tags:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn ready_waits_for_readiness_gates() -> anyhow::Result<()> {
+    let repo = repo_with_draft(package(LABELS)).await?;
+    let mut inv = to(Lifecycle::Proposed, serde_json::json!({}));
+    if let Some(pr) = inv.package_revision.as_mut() {
+        pr.spec.readiness_gates = vec![porch_api::common::ReadinessGate {
+            condition_type: "Approved".into(),
+        }];
+    }
+    let outcome = lifecycle(&inv, &repo.mirror, &now()).await?;
+    assert!(refs(&repo).contains(&"refs/heads/proposed/app/v1".to_owned()));
+    let (state, reason, message) = ready(&status(&outcome));
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("False", "ReadinessGatesPending")
+    );
+    assert!(message.contains("Approved"), "{message}");
+    // With the gate's condition True in the Kptfile-derived conditions: Ready.
+    if let Some(status) = inv
+        .package_revision
+        .as_mut()
+        .and_then(|p| p.status.as_mut())
+    {
+        status.package_conditions = vec![porch_api::common::PackageCondition {
+            type_: "Approved".into(),
+            status: porch_api::common::ConditionStatus::True,
+            reason: String::new(),
+            message: String::new(),
+        }];
+    }
+    let outcome = lifecycle(&inv, &repo.mirror, &now()).await?;
+    assert_eq!(ready(&status(&outcome)).0, "True");
+    Ok(())
+}
