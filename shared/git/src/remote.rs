@@ -312,6 +312,15 @@ impl Remote for LocalRemote {
                     Err(RemoteError::Repo(_)) if attempt < 5 => {
                         std::thread::sleep(std::time::Duration::from_millis(10 * attempt));
                     }
+                    // Still moving under us: a transient failure the
+                    // mirror's backoff retries.
+                    Err(RemoteError::Repo(e)) => {
+                        return Err(RemoteError::Unreachable {
+                            url: source.display().to_string(),
+                            message: format!("the repository kept changing while read: {e}"),
+                            transient: true,
+                        });
+                    }
                     other => return other,
                 }
             }
@@ -346,7 +355,13 @@ impl Remote for LocalRemote {
                     Err(_) if attempt < 5 => {
                         std::thread::sleep(std::time::Duration::from_millis(10 * attempt));
                     }
-                    Err(other) => return Err(other.into()),
+                    Err(other) => {
+                        return Err(RemoteError::Unreachable {
+                            url,
+                            message: format!("the repository kept changing while updated: {other}"),
+                            transient: true,
+                        });
+                    }
                 }
             }
         })

@@ -245,6 +245,7 @@ async fn parallel_publishes_get_consecutive_unique_revisions() -> anyhow::Result
 
     let retry = RetryPolicy {
         conflict_attempts: 100,
+        transient_attempts: 20,
         ..RetryPolicy::default()
     };
     let mut tasks = Vec::new();
@@ -263,7 +264,15 @@ async fn parallel_publishes_get_consecutive_unique_revisions() -> anyhow::Result
         }
         tasks.push(tokio::spawn(async move {
             let _keep = dir;
-            lifecycle(&inv, &mirror, &now()).await
+            // As the relay does: a retryable failure is delivered again.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match lifecycle(&inv, &mirror, &now()).await {
+                    Err(e) if e.is_retryable() && attempt < 10 => continue,
+                    other => break other,
+                }
+            }
         }));
     }
     let mut revisions = Vec::new();
