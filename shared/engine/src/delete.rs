@@ -27,7 +27,7 @@ use porch_git::operations::{Actor, Packages};
 use porch_git::remote::Remote;
 
 use crate::HandlerError;
-use crate::render::layout;
+use crate::repository::layout;
 use crate::status::{latest_label_patches, siblings};
 
 fn event(pr: &PackageRevision, type_: EventType, reason: &str, message: String) -> EventRecord {

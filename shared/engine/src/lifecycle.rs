@@ -23,7 +23,7 @@ use porch_git::operations::{Actor, OperationError, Packages};
 use porch_git::remote::Remote;
 
 use crate::HandlerError;
-use crate::render::layout;
+use crate::repository::layout;
 use crate::status::{latest_label_patches, set_condition, siblings, status_patch};
 
 /// Where a revision stands in git after the handler.

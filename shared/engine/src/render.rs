@@ -15,7 +15,6 @@ use porch_api::kptfile::Kptfile;
 use porch_api::planner::{self, READY_CONDITION, RENDERED_CONDITION};
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_api::{PUSH_ON_RENDER_FAILURE_ANNOTATION, RENDER_REQUEST_ANNOTATION};
-use porch_git::layout::RepoLayout;
 use porch_git::mirror::Mirror;
 use porch_git::operations::{Actor, Packages};
 use porch_git::remote::Remote;
@@ -24,6 +23,7 @@ use porch_krm::render::{RenderOptions, render as render_package};
 use porch_krm::runtime::FunctionRuntime;
 
 use crate::HandlerError;
+use crate::repository::layout;
 use crate::status::{set_condition, status_patch};
 
 /// What the render handler needs besides the Invocation.
@@ -33,17 +33,6 @@ pub struct RenderContext {
     pub options: RenderOptions,
     /// The time written on changed conditions and commits.
     pub now: Time,
-}
-
-/// The repository layout of an Invocation's Repository.
-pub fn layout(invocation: &Invocation) -> RepoLayout {
-    let git = invocation.repository.spec.git.as_ref();
-    RepoLayout::new(
-        git.map_or("", |g| g.directory.as_str()),
-        git.map(|g| g.branch.as_str())
-            .filter(|b| !b.is_empty())
-            .unwrap_or("main"),
-    )
 }
 
 /// Renders the draft of the Invocation's PackageRevision.

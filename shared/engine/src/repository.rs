@@ -9,6 +9,9 @@ use porch_git::mirror::{Mirror, RetryPolicy};
 use porch_git::remote::{LocalRemote, Remote, RemoteError, RemoteOptions, RemoteRefs, SmartRemote};
 use porch_git::repo::RefUpdate;
 
+use porch_api::invocation::Invocation;
+use porch_git::layout::RepoLayout;
+
 use crate::HandlerError;
 
 /// One of the remotes a Repository can name.
@@ -103,4 +106,15 @@ pub fn mirror_for(
         })?;
     }
     Ok(Mirror::new(dir, remote, retry)?)
+}
+
+/// The repository layout of an Invocation's Repository.
+pub fn layout(invocation: &Invocation) -> RepoLayout {
+    let git = invocation.repository.spec.git.as_ref();
+    RepoLayout::new(
+        git.map_or("", |g| g.directory.as_str()),
+        git.map(|g| g.branch.as_str())
+            .filter(|b| !b.is_empty())
+            .unwrap_or("main"),
+    )
 }

@@ -31,7 +31,7 @@ use porch_krm::render::typed_to_node;
 use porch_krm::yaml::{self, SeqIndent};
 
 use crate::HandlerError;
-use crate::render::layout;
+use crate::repository::layout;
 use crate::status::{set_condition, status_patch};
 
 /// Why a source cannot be applied (reported in the status).

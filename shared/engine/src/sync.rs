@@ -24,7 +24,7 @@ use porch_git::remote::Remote;
 use porch_git::repo::GitRepo;
 
 use crate::HandlerError;
-use crate::render::layout;
+use crate::repository::layout;
 
 /// Field manager of the owned fields.
 pub const OWNER_MANAGER: &str = "repository-controller";

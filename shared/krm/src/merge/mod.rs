@@ -369,7 +369,7 @@ fn objects_equal(a: &Node, b: &Node) -> bool {
 /// Names functions `_kpt-merge_<image>` for the merge when none has a name
 /// and no image repeats, so pipelines merge by function.
 fn name_functions(kptfiles: &mut [&mut Node]) -> bool {
-    let mut images = Vec::new();
+    let mut any = false;
     for k in kptfiles.iter() {
         for list in ["mutators", "validators"] {
             for f in k
@@ -381,9 +381,7 @@ fn name_functions(kptfiles: &mut [&mut Node]) -> bool {
                 if f.get("name").is_some() {
                     return false;
                 }
-                let image = f.str_at(&["image"]).or(f.str_at(&["exec"])).unwrap_or("");
-                let image = image.split(':').next().unwrap_or(image).to_owned();
-                images.push((list, image));
+                any = true;
             }
         }
     }
@@ -418,7 +416,7 @@ fn name_functions(kptfiles: &mut [&mut Node]) -> bool {
             }
         }
     }
-    !images.is_empty()
+    any
 }
 
 fn unname_functions(kptfile: &mut Node) {

@@ -163,7 +163,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
     let mut anchors: Vec<Anchor> = Vec::new();
     let mut comments: Vec<CommentAt> = Vec::new();
     let mut anchor_names: std::collections::HashMap<usize, String> = Default::default();
-    let mut pending: Option<(Node, Vec<Step>)> = None;
+    let mut pending: Option<Node> = None;
     let mut last = Last::Other;
     let mut flow_depth_root: Option<Vec<Step>> = None;
 
@@ -179,7 +179,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
             anchor_names.insert(*id, name.to_string());
             match last {
                 Last::Scalar => {
-                    if let Some((node, _)) = pending.as_mut() {
+                    if let Some(node) = pending.as_mut() {
                         node.anchor = Some(name.to_string());
                     }
                 }
@@ -201,7 +201,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
             });
             continue;
         }
-        if let Some((node, _)) = pending.take() {
+        if let Some(node) = pending.take() {
             insert(&mut stack, &mut root, node, first_line)?;
         }
         last = Last::Other;
@@ -252,7 +252,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
                     node.tag = Some(tag_text(&tag));
                     node.explicit_tag = true;
                 }
-                pending = Some((node, path));
+                pending = Some(node);
                 last = Last::Scalar;
             }
             Event::Alias(id) => {
@@ -261,7 +261,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
                 let name = anchor_names.get(&id).cloned().unwrap_or_default();
                 let mut node = Node::null();
                 node.value = Value::Alias(name);
-                pending = Some((node, path));
+                pending = Some(node);
             }
             Event::SequenceStart(style, _, tag) | Event::MappingStart(style, _, tag) => {
                 let (path, entry) = next_path(&stack);
