@@ -15,6 +15,9 @@ pub enum HandlerError {
     Git(#[from] MirrorError),
     #[error("git: {0}")]
     Repo(#[from] RepoError),
+    /// The snapshot could not be loaded (the store failed).
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] porch_git::snapshot::SnapshotError),
     /// A blocking task failed to finish.
     #[error("internal: {0}")]
     Internal(String),
@@ -25,7 +28,10 @@ impl HandlerError {
     pub fn is_retryable(&self) -> bool {
         match self {
             HandlerError::Invalid(_) => false,
-            HandlerError::Git(_) | HandlerError::Repo(_) | HandlerError::Internal(_) => true,
+            HandlerError::Git(_)
+            | HandlerError::Repo(_)
+            | HandlerError::Snapshot(_)
+            | HandlerError::Internal(_) => true,
         }
     }
 }

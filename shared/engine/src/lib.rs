@@ -12,6 +12,8 @@
 //! - [`delete`]: git cleanup of a revision being deleted (spec §4.7).
 //! - [`sync`]: repository discovery into objects to apply and delete (spec §6).
 //! - [`repository`]: a Repository's remote and the handler's mirror of it.
+//! - [`runner`]: one entry point for all of them, with the snapshot around
+//!   the git work.
 
 pub mod adopt;
 pub mod delete;
@@ -19,6 +21,7 @@ mod error;
 pub mod lifecycle;
 pub mod render;
 pub mod repository;
+pub mod runner;
 pub mod source;
 mod status;
 pub mod sync;

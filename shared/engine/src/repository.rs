@@ -70,22 +70,27 @@ pub fn remote_for(
         .map_err(|e| HandlerError::Invalid(e.to_string()))
 }
 
-/// Where a handler keeps its mirror of a Repository: one directory per
-/// namespace, name and URL (a changed URL starts a new mirror).
-pub fn mirror_dir(repository: &Repository, cache_root: &Path) -> PathBuf {
-    use std::hash::{Hash, Hasher};
+/// A Repository's place in caches and object stores:
+/// `<namespace>/<name>-<hash of the URL>`, so a changed URL starts afresh.
+/// The hash (64-bit FNV-1a) is stable across builds and machines: snapshot
+/// keys outlive the process that wrote them.
+pub fn repository_key(repository: &Repository) -> String {
     let url = repository.spec.git.as_ref().map_or("", |g| g.repo.as_str());
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    url.hash(&mut hasher);
+    let hash = url.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     let namespace = repository
         .metadata
         .namespace
         .as_deref()
         .unwrap_or("default");
     let name = repository.metadata.name.as_deref().unwrap_or("repository");
-    cache_root
-        .join(namespace)
-        .join(format!("{name}-{:016x}", hasher.finish()))
+    format!("{namespace}/{name}-{hash:016x}")
+}
+
+/// Where a handler keeps its mirror of a Repository.
+pub fn mirror_dir(repository: &Repository, cache_root: &Path) -> PathBuf {
+    cache_root.join(repository_key(repository))
 }
 
 /// The mirror of a Repository under `cache_root`.

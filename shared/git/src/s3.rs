@@ -314,3 +314,53 @@ impl ObjectStore for S3Store {
         Ok(())
     }
 }
+
+/// The object store a deployment chose: the local directory (the embedded
+/// default) or an S3 bucket.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    Local(crate::store::LocalDirStore),
+    S3(S3Store),
+}
+
+impl ObjectStore for AnyStore {
+    async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        match self {
+            AnyStore::Local(s) => s.get(key).await,
+            AnyStore::S3(s) => s.get(key).await,
+        }
+    }
+
+    async fn get_if_changed(&self, key: &str, known: Option<&ETag>) -> Result<Fetched, StoreError> {
+        match self {
+            AnyStore::Local(s) => s.get_if_changed(key, known).await,
+            AnyStore::S3(s) => s.get_if_changed(key, known).await,
+        }
+    }
+
+    async fn put(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        condition: PutCondition,
+    ) -> Result<ETag, StoreError> {
+        match self {
+            AnyStore::Local(s) => s.put(key, body, condition).await,
+            AnyStore::S3(s) => s.put(key, body, condition).await,
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        match self {
+            AnyStore::Local(s) => s.list(prefix).await,
+            AnyStore::S3(s) => s.list(prefix).await,
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Local(s) => s.delete(key).await,
+            AnyStore::S3(s) => s.delete(key).await,
+        }
+    }
+}

@@ -8,6 +8,7 @@ mod e2e;
 mod lifecycle;
 mod render;
 mod repository;
+mod runner;
 mod source;
 mod support;
 mod sync;

@@ -1,10 +1,13 @@
 //! A bare repository with a draft, and Invocations for it.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use porch_api::invocation::Invocation;
+use porch_api::invocation::{Invocation, Operation, Outcome, Subresource};
 use porch_api::v1alpha1::{Task, TaskType};
+use porch_api::v1alpha2::PackageRevision;
 use porch_git::identity::Identity;
 use porch_git::layout::RepoLayout;
 use porch_git::mirror::{Mirror, RetryPolicy};
@@ -179,4 +182,137 @@ pub(crate) fn empty_repo() -> anyhow::Result<Repo> {
         remote,
         mirror,
     })
+}
+
+pub(crate) struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new("git")
+        .args(["-c", "safe.directory=*"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git runs");
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A bare repository served over smart HTTP with pushes allowed.
+pub(crate) fn served(root: &Path) -> (Server, String) {
+    let bare = root.join("repo.git");
+    git(root, &["init", "--bare", "-q", "-b", "main", "repo.git"]);
+    git(&bare, &["config", "http.receivepack", "true"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../git/tests/servers/git_http_server.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg(root)
+        .arg(port.to_string())
+        .spawn()
+        .expect("python3 runs");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    (Server(child), format!("http://127.0.0.1:{port}/repo.git"))
+}
+
+/// What the relay does with an Outcome: the status patch becomes the
+/// object's status, label patches its labels, and the resourceVersion moves.
+pub(crate) fn applied(mut pr: PackageRevision, outcome: &Outcome) -> PackageRevision {
+    for patch in &outcome.patches {
+        if patch.target.name != pr.metadata.name.clone().unwrap_or_default() {
+            continue;
+        }
+        let json = serde_json::to_value(&patch.patch).expect("patch");
+        if patch.subresource == Subresource::Status {
+            pr.status = serde_json::from_value(json[1]["value"].clone()).expect("status");
+        } else if let Some(label) = json[1]["value"].as_str() {
+            pr.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(porch_api::LATEST_REVISION_LABEL.into(), label.into());
+        }
+    }
+    let version: u64 = pr
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or("0")
+        .parse()
+        .unwrap_or(0);
+    pr.metadata.resource_version = Some((version + 1).to_string());
+    pr
+}
+
+pub(crate) fn with(pr: &PackageRevision, operation: Operation, url: &str) -> Invocation {
+    let mut inv = invocation(operation.as_str(), serde_json::json!({}));
+    inv.package_revision = Some(pr.clone());
+    if let Some(git) = inv.repository.spec.git.as_mut() {
+        git.repo = url.to_owned();
+    }
+    inv
+}
+
+/// moto's S3 server (one request at a time) and a bucket with a store on it.
+pub(crate) async fn moto_store(root: &Path) -> (Server, porch_git::s3::S3Store) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../git/tests/servers/moto_serial.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg("127.0.0.1")
+        .arg(port.to_string())
+        .current_dir(root)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 runs moto (pip install 'moto[server]')");
+    let server = Server(child);
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let options = porch_git::s3::S3Options {
+        endpoint: Some(format!("http://127.0.0.1:{port}")),
+        region: Some("us-east-1".into()),
+        force_path_style: true,
+        max_attempts: 3,
+        operation_timeout: std::time::Duration::from_secs(10),
+        ..Default::default()
+    };
+    let builder = aws_sdk_s3::config::Builder::new()
+        .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(
+            "testing", "testing", None, None, "tests",
+        ));
+    let client = aws_sdk_s3::Client::from_conf(porch_git::s3::S3Store::config(builder, &options));
+    client
+        .create_bucket()
+        .bucket("snapshots")
+        .send()
+        .await
+        .expect("create bucket");
+    let store = porch_git::s3::S3Store::with_client(client, "snapshots", "porch").expect("store");
+    (server, store)
 }

@@ -1,0 +1,214 @@
+//! One entry point for every operation: the [`Runner`] picks the handler,
+//! keeps a mirror per repository and, with an object store, the snapshot
+//! around it. Lambda functions, `cargo lambda watch` and the `porch` CLI all
+//! call [`Runner::handle`].
+//!
+//! Around each git operation:
+//! 1. the planner is asked first: an Invocation with nothing due answers an
+//!    empty Outcome without touching git or the store;
+//! 2. the mirror is brought to the snapshot (a cold process downloads it; a
+//!    warm one reads nothing when the manifest has not changed; a missing
+//!    or corrupt snapshot is rebuilt from the remote);
+//! 3. the handler runs; its pushes are compare-and-swaps against the
+//!    remote, so a stale snapshot costs a retry, never a lost update;
+//! 4. when the mirror's refs moved, the snapshot is saved. A save that
+//!    fails after the push is logged and the Outcome still returned: the
+//!    remote holds the work and the next Invocation catches the snapshot up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use porch_api::invocation::{Invocation, Operation, Outcome};
+use porch_api::planner;
+use porch_git::mirror::RetryPolicy;
+use porch_git::remote::{Remote, RemoteOptions};
+use porch_git::repo::GitRepo;
+use porch_git::snapshot::{Prepared, Snapshots};
+use porch_git::store::ObjectStore;
+use porch_krm::render::RenderOptions;
+use porch_krm::runtime::FunctionRuntime;
+
+use crate::HandlerError;
+use crate::render::RenderContext;
+use crate::repository::{mirror_for, repository_key};
+
+/// What the handlers share across Invocations.
+#[derive(Debug)]
+pub struct Runner<S> {
+    cache_root: PathBuf,
+    store: Option<S>,
+    remote_options: RemoteOptions,
+    retry: RetryPolicy,
+    functions: Arc<dyn FunctionRuntime>,
+    render_options: RenderOptions,
+    /// One per mirror directory, kept so a warm process reads the manifest
+    /// only when it changed.
+    snapshots: Mutex<HashMap<PathBuf, Arc<Snapshots<S>>>>,
+}
+
+impl<S: ObjectStore + Clone + 'static> Runner<S> {
+    /// A runner keeping mirrors under `cache_root`, rendering with
+    /// `functions`, and without snapshots until [`Runner::with_store`].
+    pub fn new(cache_root: impl Into<PathBuf>, functions: Arc<dyn FunctionRuntime>) -> Self {
+        Runner {
+            cache_root: cache_root.into(),
+            store: None,
+            remote_options: RemoteOptions::default(),
+            retry: RetryPolicy::default(),
+            functions,
+            render_options: RenderOptions::default(),
+            snapshots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Keeps each repository's snapshot in `store`.
+    #[must_use]
+    pub fn with_store(mut self, store: S) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    #[must_use]
+    pub fn with_remote_options(mut self, options: RemoteOptions) -> Self {
+        self.remote_options = options;
+        self
+    }
+
+    #[must_use]
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    #[must_use]
+    pub fn with_render_options(mut self, options: RenderOptions) -> Self {
+        self.render_options = options;
+        self
+    }
+
+    pub fn cache_root(&self) -> &Path {
+        &self.cache_root
+    }
+
+    /// Runs the Invocation's operation.
+    ///
+    /// # Errors
+    /// As the handler's; a store that fails before the handler ran
+    /// (retryable).
+    pub async fn handle(&self, invocation: &Invocation) -> Result<Outcome, HandlerError> {
+        let now = Time(Timestamp::now());
+        if invocation.operation == Operation::Adopt {
+            return crate::adopt::adopt(invocation);
+        }
+        if !due(invocation) {
+            // the handler would say the same after loading the repository
+            crate::check(invocation, invocation.operation)?;
+            return Ok(Outcome::none());
+        }
+        let mirror = mirror_for(
+            &invocation.repository,
+            &self.cache_root,
+            self.remote_options.clone(),
+            self.retry,
+        )?;
+        let snapshots = self.snapshots_for(invocation, mirror.path())?;
+        let before = match &snapshots {
+            Some(snapshots) => {
+                match snapshots.prepare(mirror.remote()).await? {
+                    Prepared::Loaded(loaded) => tracing::debug!(
+                        bytes = loaded.bytes_read,
+                        packs = loaded.packs_downloaded,
+                        "snapshot loaded"
+                    ),
+                    Prepared::Rebuilt(saved) => {
+                        tracing::info!(
+                            bytes = saved.bytes_written,
+                            "snapshot rebuilt from the remote"
+                        );
+                    }
+                }
+                Some(refs(mirror.path()).await?)
+            }
+            None => None,
+        };
+        let outcome = match invocation.operation {
+            Operation::Adopt => crate::adopt::adopt(invocation),
+            Operation::Source => crate::source::source(invocation, &mirror, &now).await,
+            Operation::Render => {
+                let context = RenderContext {
+                    functions: Arc::clone(&self.functions),
+                    options: self.render_options.clone(),
+                    now,
+                };
+                crate::render::render(invocation, &mirror, &context).await
+            }
+            Operation::Lifecycle => crate::lifecycle::lifecycle(invocation, &mirror, &now).await,
+            Operation::Delete => crate::delete::delete(invocation, &mirror, &now).await,
+            Operation::Sync => crate::sync::sync(invocation, &mirror).await,
+        }?;
+        if let (Some(snapshots), Some(before)) = (snapshots, before) {
+            match refs(mirror.path()).await {
+                Ok(after) if after == before => {}
+                Ok(_) => {
+                    if let Err(e) = snapshots.save(mirror.remote().url()).await {
+                        tracing::warn!(error = %e, "snapshot not saved; the next invocation catches it up from the remote");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "mirror unreadable after the operation"),
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn snapshots_for(
+        &self,
+        invocation: &Invocation,
+        mirror: &Path,
+    ) -> Result<Option<Arc<Snapshots<S>>>, HandlerError> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        let mut open = self
+            .snapshots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(existing) = open.get(mirror) {
+            return Ok(Some(Arc::clone(existing)));
+        }
+        let key = format!("repos/{}", repository_key(&invocation.repository));
+        let snapshots = Arc::new(Snapshots::new(store.clone(), &key, mirror)?);
+        open.insert(mirror.to_path_buf(), Arc::clone(&snapshots));
+        Ok(Some(snapshots))
+    }
+}
+
+/// Whether the Invocation's operation is due for its object.
+fn due(invocation: &Invocation) -> bool {
+    let Some(pr) = &invocation.package_revision else {
+        // sync has no object; the others fail their checks in the handler
+        return true;
+    };
+    match invocation.operation {
+        Operation::Delete => pr.metadata.deletion_timestamp.is_some(),
+        Operation::Sync => true,
+        op => planner::is_due(op, pr, &invocation.repository),
+    }
+}
+
+async fn refs(mirror: &Path) -> Result<BTreeMap<String, String>, HandlerError> {
+    let path = mirror.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let refs = GitRepo::open(&path)?.try_refs_unpeeled()?;
+        Ok::<_, porch_git::repo::RepoError>(
+            refs.into_iter()
+                .map(|(name, id)| (name, id.to_string()))
+                .collect(),
+        )
+    })
+    .await
+    .map_err(|e| HandlerError::Internal(e.to_string()))?
+    .map_err(HandlerError::from)
+}
