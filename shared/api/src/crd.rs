@@ -113,6 +113,18 @@ pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
     Ok(format!("{GENERATED_HEADER}{body}"))
 }
 
+/// Any serialisable value as YAML, with its map order and numbers kept
+/// (through JSON, for the reason [`to_yaml`] gives).
+///
+/// # Errors
+/// Serialisation fails.
+pub fn yaml_of<T: serde::Serialize>(value: &T) -> Result<String, String> {
+    let tree: Untyped = serde_json::to_string(value)
+        .and_then(|json| serde_json::from_str(&json))
+        .map_err(|e| e.to_string())?;
+    serde_saphyr::to_string(&tree).map_err(|e| e.to_string())
+}
+
 /// A YAML/JSON value that keeps map order and holds numbers as numbers.
 #[derive(Debug)]
 enum Untyped {

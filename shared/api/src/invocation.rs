@@ -170,6 +170,11 @@ pub enum Subresource {
 /// An RFC 6902 patch of one object. It starts with a `test` of
 /// `metadata.resourceVersion` (or `uid`), so a stale patch fails instead of
 /// overwriting: the relay then re-reads and re-plans.
+///
+/// The patches of one Outcome are one change: every guard names the version
+/// the handler saw, so once the relay has written an object for this
+/// Outcome (a status patch moves the resourceVersion too), it checks later
+/// patches of the same object against the version its own write produced.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectPatch {

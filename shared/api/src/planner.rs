@@ -81,6 +81,9 @@ fn source_failed(pr: &PackageRevision) -> bool {
             .any(|c| c.type_ == READY_CONDITION && c.status == "False" && c.reason == "Failed")
 }
 
+/// The reason `Ready` is False when git refused the requested change.
+pub const FAILED_REASON: &str = "Failed";
+
 /// The reason `Ready` is False while readiness gates are not met.
 pub const GATES_PENDING_REASON: &str = "ReadinessGatesPending";
 
@@ -118,6 +121,11 @@ pub fn lifecycle_due(pr: &PackageRevision) -> bool {
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == READY_CONDITION));
     match ready {
         Some(c) if c.status == "True" => false,
+        // git refused this generation's transition: not retried until the
+        // spec changes
+        Some(c) if c.reason == FAILED_REASON && c.observed_generation == pr.metadata.generation => {
+            false
+        }
         Some(c) if c.reason == GATES_PENDING_REASON => unmet_readiness_gates(pr).is_empty(),
         _ => true,
     }
@@ -301,6 +309,24 @@ mod tests {
         assert!(plan(&pr, &repository()).is_empty());
         pr.metadata.generation = Some(2);
         assert_eq!(plan(&pr, &repository()), vec![Operation::Source]);
+    }
+
+    #[test]
+    fn a_refused_transition_waits_for_a_new_generation() {
+        let mut pr = adopted(draft());
+        pr.spec.lifecycle = Some(Lifecycle::Published);
+        let mut failed = condition("Ready", "False");
+        failed.reason = FAILED_REASON.into();
+        failed.observed_generation = Some(1);
+        pr.status = Some(PackageRevisionStatus {
+            creation_source: "init".into(),
+            observed_generation: Some(1),
+            conditions: vec![failed, condition("Rendered", "True")],
+            ..Default::default()
+        });
+        assert!(plan(&pr, &repository()).is_empty());
+        pr.metadata.generation = Some(2);
+        assert_eq!(plan(&pr, &repository()), vec![Operation::Lifecycle]);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //!
 //! - [`adopt`]: the finalizer and the Repository owner reference.
 //! - [`render`]: render a draft (spec §5).
+//! - [`content`]: a revision's files, read and pushed to a draft.
 //! - [`lifecycle`]: propose, reject, publish, propose deletion (spec §4).
 //! - [`source`]: init, clone, copy, upgrade as a new draft (spec §3).
 //! - [`delete`]: git cleanup of a revision being deleted (spec §4.7).
@@ -16,6 +17,7 @@
 //!   the git work.
 
 pub mod adopt;
+pub mod content;
 pub mod delete;
 mod error;
 pub mod lifecycle;

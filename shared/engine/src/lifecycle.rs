@@ -31,6 +31,9 @@ use crate::status::{latest_label_patches, set_condition, siblings, status_patch}
 enum Done {
     Unpublished,
     Published(u64),
+    /// The placeholder revision (-1): the package on the registered branch,
+    /// published by definition, with nothing to do in git.
+    Placeholder,
 }
 
 /// Brings the Invocation's PackageRevision to its lifecycle.
@@ -60,6 +63,7 @@ pub async fn lifecycle<R: Remote + 'static>(
         .and_then(|s| s.revision)
         .and_then(|r| u64::try_from(r).ok())
         .filter(|r| *r > 0);
+    let placeholder = pr.status.as_ref().and_then(|s| s.revision) == Some(-1);
     let approver = pr
         .metadata
         .annotations
@@ -85,6 +89,14 @@ pub async fn lifecycle<R: Remote + 'static>(
                 |r: Result<String, porch_api::naming::NameError>| -> Result<bool, OperationError> {
                     Ok(repo.ref_id(&r?)?.is_some())
                 };
+            if placeholder {
+                return match desired {
+                    Lifecycle::Published => Ok(Done::Placeholder),
+                    _ => Err(OperationError::Refused(format!(
+                        "{package}/{workspace} is the placeholder revision of the branch; it is always Published"
+                    ))),
+                };
+            }
             let draft = exists(packages.layout.draft_ref(&package, &workspace))?;
             let proposed = exists(packages.layout.proposed_ref(&package, &workspace))?;
             match desired {
@@ -108,7 +120,7 @@ pub async fn lifecycle<R: Remote + 'static>(
                     let revision = match known_revision {
                         Some(r) => r,
                         None if draft => {
-                            return Err(OperationError::Missing(format!(
+                            return Err(OperationError::Refused(format!(
                                 "{package}/{workspace} is a draft: propose it before publishing"
                             )));
                         }

@@ -23,9 +23,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use porch_api::invocation::{Invocation, Operation, Outcome};
 use porch_api::planner;
-use porch_git::mirror::RetryPolicy;
+use porch_api::repository::Repository;
+use porch_api::v1alpha2::PackageRevision;
+use porch_git::mirror::{Mirror, RetryPolicy};
 use porch_git::remote::{Remote, RemoteOptions};
-use porch_git::repo::GitRepo;
+use porch_git::repo::{Files, GitRepo};
 use porch_git::snapshot::{Prepared, Snapshots};
 use porch_git::store::ObjectStore;
 use porch_krm::render::RenderOptions;
@@ -33,7 +35,7 @@ use porch_krm::runtime::FunctionRuntime;
 
 use crate::HandlerError;
 use crate::render::RenderContext;
-use crate::repository::{mirror_for, repository_key};
+use crate::repository::{AnyRemote, mirror_for, repository_key};
 
 /// What the handlers share across Invocations.
 #[derive(Debug)]
@@ -108,13 +110,72 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             crate::check(invocation, invocation.operation)?;
             return Ok(Outcome::none());
         }
+        let session = self.open(&invocation.repository).await?;
+        let mirror = &session.mirror;
+        let outcome = match invocation.operation {
+            Operation::Adopt => crate::adopt::adopt(invocation),
+            Operation::Source => crate::source::source(invocation, mirror, &now).await,
+            Operation::Render => {
+                let context = RenderContext {
+                    functions: Arc::clone(&self.functions),
+                    options: self.render_options.clone(),
+                    now,
+                };
+                crate::render::render(invocation, mirror, &context).await
+            }
+            Operation::Lifecycle => crate::lifecycle::lifecycle(invocation, mirror, &now).await,
+            Operation::Delete => crate::delete::delete(invocation, mirror, &now).await,
+            Operation::Sync => crate::sync::sync(invocation, mirror).await,
+        }?;
+        self.close(session).await;
+        Ok(outcome)
+    }
+
+    /// The files of a revision: its draft or proposed branch, else its tag.
+    ///
+    /// # Errors
+    /// Bad names or no such revision in git (not retryable); git failures.
+    pub async fn read_revision(
+        &self,
+        repository: &Repository,
+        pr: &PackageRevision,
+    ) -> Result<Files, HandlerError> {
+        let session = self.open(repository).await?;
+        session.mirror.fetch().await?;
+        let files = crate::content::read(repository, pr, &session.mirror).await;
+        self.close(session).await;
+        files
+    }
+
+    /// Replaces a draft's package with `files` as `user`; `false` when the
+    /// draft held them already.
+    ///
+    /// # Errors
+    /// Unsafe file paths, no such draft (not retryable); git failures.
+    pub async fn write_draft(
+        &self,
+        repository: &Repository,
+        pr: &PackageRevision,
+        files: Files,
+        user: &str,
+    ) -> Result<bool, HandlerError> {
+        let session = self.open(repository).await?;
+        let now = Time(Timestamp::now());
+        let written =
+            crate::content::write(repository, pr, &session.mirror, files, user, &now).await;
+        self.close(session).await;
+        written
+    }
+
+    /// The repository's mirror, brought to its snapshot when there is a store.
+    async fn open(&self, repository: &Repository) -> Result<Session<S>, HandlerError> {
         let mirror = mirror_for(
-            &invocation.repository,
+            repository,
             &self.cache_root,
             self.remote_options.clone(),
             self.retry,
         )?;
-        let snapshots = self.snapshots_for(invocation, mirror.path())?;
+        let snapshots = self.snapshots_for(repository, mirror.path())?;
         let before = match &snapshots {
             Some(snapshots) => {
                 match snapshots.prepare(mirror.remote()).await? {
@@ -134,38 +195,38 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             }
             None => None,
         };
-        let outcome = match invocation.operation {
-            Operation::Adopt => crate::adopt::adopt(invocation),
-            Operation::Source => crate::source::source(invocation, &mirror, &now).await,
-            Operation::Render => {
-                let context = RenderContext {
-                    functions: Arc::clone(&self.functions),
-                    options: self.render_options.clone(),
-                    now,
-                };
-                crate::render::render(invocation, &mirror, &context).await
-            }
-            Operation::Lifecycle => crate::lifecycle::lifecycle(invocation, &mirror, &now).await,
-            Operation::Delete => crate::delete::delete(invocation, &mirror, &now).await,
-            Operation::Sync => crate::sync::sync(invocation, &mirror).await,
-        }?;
-        if let (Some(snapshots), Some(before)) = (snapshots, before) {
-            match refs(mirror.path()).await {
-                Ok(after) if after == before => {}
-                Ok(_) => {
-                    if let Err(e) = snapshots.save(mirror.remote().url()).await {
-                        tracing::warn!(error = %e, "snapshot not saved; the next invocation catches it up from the remote");
-                    }
+        Ok(Session {
+            mirror,
+            snapshots,
+            before,
+        })
+    }
+
+    /// Saves the snapshot when the mirror's refs moved. A failed save is
+    /// logged only: the remote holds the work.
+    async fn close(&self, session: Session<S>) {
+        let Session {
+            mirror,
+            snapshots,
+            before,
+        } = session;
+        let (Some(snapshots), Some(before)) = (snapshots, before) else {
+            return;
+        };
+        match refs(mirror.path()).await {
+            Ok(after) if after == before => {}
+            Ok(_) => {
+                if let Err(e) = snapshots.save(mirror.remote().url()).await {
+                    tracing::warn!(error = %e, "snapshot not saved; the next invocation catches it up from the remote");
                 }
-                Err(e) => tracing::warn!(error = %e, "mirror unreadable after the operation"),
             }
+            Err(e) => tracing::warn!(error = %e, "mirror unreadable after the operation"),
         }
-        Ok(outcome)
     }
 
     fn snapshots_for(
         &self,
-        invocation: &Invocation,
+        repository: &Repository,
         mirror: &Path,
     ) -> Result<Option<Arc<Snapshots<S>>>, HandlerError> {
         let Some(store) = &self.store else {
@@ -178,11 +239,20 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         if let Some(existing) = open.get(mirror) {
             return Ok(Some(Arc::clone(existing)));
         }
-        let key = format!("repos/{}", repository_key(&invocation.repository));
+        let key = format!("repos/{}", repository_key(repository));
         let snapshots = Arc::new(Snapshots::new(store.clone(), &key, mirror)?);
         open.insert(mirror.to_path_buf(), Arc::clone(&snapshots));
         Ok(Some(snapshots))
     }
+}
+
+/// A repository's mirror during one operation.
+#[derive(Debug)]
+struct Session<S> {
+    mirror: Mirror<AnyRemote>,
+    snapshots: Option<Arc<Snapshots<S>>>,
+    /// The refs as loaded from the snapshot.
+    before: Option<BTreeMap<String, String>>,
 }
 
 /// Whether the Invocation's operation is due for its object.

@@ -48,6 +48,9 @@ pub enum OperationError {
     Missing(String),
     #[error("workspace {workspace:?} of package {package:?} already exists")]
     WorkspaceExists { package: String, workspace: String },
+    /// The change is not allowed in the revision's state.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl Packages<'_> {

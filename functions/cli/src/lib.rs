@@ -1,0 +1,1008 @@
+//! The `porch` CLI: the PackageRevision control plane with no cluster. The
+//! objects a cluster would hold live in a local file; every command runs
+//! the same handlers the Lambda functions run, in-process, against the git
+//! repositories registered with `repo add`.
+
+pub mod cluster;
+pub mod home;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, anyhow, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use porch_api::common::Lifecycle;
+use porch_api::naming::RevisionName;
+use porch_api::v1alpha2::PackageRevision;
+use porch_api::{
+    APPROVED_BY_ANNOTATION, LATEST_REVISION_LABEL, PROPOSED_BY_ANNOTATION,
+    RENDER_REQUEST_ANNOTATION,
+};
+use porch_engine::runner::Runner;
+use porch_git::repo::{Files, GitRepo};
+use porch_git::s3::{AnyStore, S3Options, S3Store};
+use porch_git::store::LocalDirStore;
+use porch_krm::builtins::BuiltinRuntime;
+use porch_krm::runtime::Runtimes;
+use serde_json::{Value, json};
+
+use cluster::{Control, Objects, Repositories, Step, objects_path};
+use home::{Config, RepoEntry};
+
+/// The package orchestrator, without a cluster.
+#[derive(Debug, Parser)]
+#[command(name = "porch", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options of every command.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Registered repositories and the objects.
+    #[arg(long, env = "PORCH_CONFIG_DIR", global = true)]
+    pub config_dir: Option<PathBuf>,
+    /// Git mirrors and, without S3, the snapshot store.
+    #[arg(long, env = "PORCH_CACHE_DIR", global = true)]
+    pub cache_dir: Option<PathBuf>,
+    #[arg(short, long, default_value = "default", global = true)]
+    pub namespace: String,
+    /// Who proposes and approves (recorded in git and `publishedBy`).
+    #[arg(long, env = "PORCH_USER", global = true)]
+    pub user: Option<String>,
+    /// Keep snapshots in this S3 bucket instead of the cache directory
+    /// (credentials and region from the AWS environment).
+    #[arg(long, env = "PORCH_S3_BUCKET", global = true)]
+    pub s3_bucket: Option<String>,
+    /// An S3-compatible endpoint (path-style addressing).
+    #[arg(long, env = "PORCH_S3_ENDPOINT", global = true)]
+    pub s3_endpoint: Option<String>,
+    #[arg(long, env = "PORCH_S3_PREFIX", default_value = "", global = true)]
+    pub s3_prefix: String,
+    /// Print nothing but results and errors.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Register and list repositories.
+    #[command(subcommand)]
+    Repo(RepoCommand),
+    /// Work with package revisions.
+    #[command(subcommand)]
+    Rpkg(RpkgCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RepoCommand {
+    /// Register a git repository (a URL, or a path to a bare repository).
+    Add {
+        name: String,
+        url: String,
+        #[arg(long, default_value = "main")]
+        branch: String,
+        /// The directory of the packages inside the repository.
+        #[arg(long, default_value = "")]
+        directory: String,
+        /// Packages here are deployable instances.
+        #[arg(long)]
+        deployment: bool,
+        /// Create the bare repository when the path does not exist.
+        #[arg(long)]
+        create: bool,
+    },
+    /// The registered repositories.
+    List,
+    /// Unregister a repository (git is left alone).
+    Rm { name: String },
+}
+
+/// How `rpkg get` prints.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RpkgCommand {
+    /// List package revisions (discovered from git).
+    Get {
+        name: Option<String>,
+        #[arg(long)]
+        repository: Option<String>,
+        #[arg(short, long, value_enum, default_value = "table")]
+        output: Output,
+    },
+    /// A new package as a draft.
+    Init {
+        package: String,
+        #[arg(long)]
+        repository: String,
+        #[arg(long)]
+        workspace: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[arg(long, value_delimiter = ',')]
+        keywords: Vec<String>,
+        #[arg(long, default_value = "")]
+        site: String,
+    },
+    /// A new package cloned from a published revision.
+    Clone {
+        upstream: String,
+        package: String,
+        #[arg(long)]
+        repository: String,
+        #[arg(long)]
+        workspace: String,
+    },
+    /// A new draft of a package from one of its published revisions.
+    Copy {
+        source: String,
+        #[arg(long)]
+        workspace: String,
+    },
+    /// A new draft of a cloned package, merged onto a newer upstream revision.
+    Upgrade {
+        name: String,
+        #[arg(long)]
+        workspace: String,
+        /// The upstream revision (default: its latest).
+        #[arg(long)]
+        revision: Option<i64>,
+        #[arg(long, value_enum, default_value = "resource-merge")]
+        strategy: Strategy,
+    },
+    /// Write a revision's files into a local directory.
+    Pull { name: String, dir: PathBuf },
+    /// Replace a draft's files with a local directory's, then render.
+    Push { name: String, dir: PathBuf },
+    /// Render a draft again.
+    Render { name: String },
+    /// Draft → Proposed.
+    Propose { names: Vec<String> },
+    /// Proposed → Published.
+    Approve { names: Vec<String> },
+    /// Proposed → Draft.
+    Reject { names: Vec<String> },
+    /// Published → DeletionProposed.
+    ProposeDelete { names: Vec<String> },
+    /// Delete revisions (published ones must be proposed for deletion first).
+    Del { names: Vec<String> },
+}
+
+/// The upgrade merge strategies.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Strategy {
+    ResourceMerge,
+    FastForward,
+    ForceDeleteReplace,
+    CopyMerge,
+}
+
+impl Strategy {
+    fn api_name(self) -> &'static str {
+        match self {
+            Strategy::ResourceMerge => "resource-merge",
+            Strategy::FastForward => "fast-forward",
+            Strategy::ForceDeleteReplace => "force-delete-replace",
+            Strategy::CopyMerge => "copy-merge",
+        }
+    }
+}
+
+/// The largest file `push` reads.
+const MAX_FILE_BYTES: u64 = 8 << 20;
+/// The most files `push` reads.
+const MAX_FILES: usize = 10_000;
+
+fn out(line: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// An open state directory with its runner and objects.
+struct App {
+    global: Global,
+    config_dir: PathBuf,
+    config: Config,
+    objects: Objects,
+    runner: Runner<AnyStore>,
+    _lock: home::Lock,
+}
+
+impl App {
+    async fn open(global: Global) -> anyhow::Result<Self> {
+        let config_dir = global
+            .config_dir
+            .clone()
+            .unwrap_or_else(home::default_config_dir);
+        let cache_dir = global
+            .cache_dir
+            .clone()
+            .unwrap_or_else(home::default_cache_dir);
+        let lock = home::lock(&config_dir)?;
+        let config = Config::load(&config_dir)?;
+        let objects = Objects::load(&objects_path(&config_dir))?;
+        let store = match &global.s3_bucket {
+            Some(bucket) => AnyStore::S3(
+                S3Store::connect(S3Options {
+                    bucket: bucket.clone(),
+                    prefix: global.s3_prefix.clone(),
+                    endpoint: global.s3_endpoint.clone(),
+                    force_path_style: global.s3_endpoint.is_some(),
+                    ..S3Options::default()
+                })
+                .await?,
+            ),
+            None => AnyStore::Local(LocalDirStore::new(cache_dir.join("snapshots"))),
+        };
+        let functions = Arc::new(Runtimes::new().with(Arc::new(BuiltinRuntime::catalog())));
+        let runner = Runner::new(cache_dir.join("mirrors"), functions).with_store(store);
+        Ok(App {
+            global,
+            config_dir,
+            config,
+            objects,
+            runner,
+            _lock: lock,
+        })
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        self.config.save(&self.config_dir)?;
+        self.objects.save(&objects_path(&self.config_dir))
+    }
+
+    fn repositories(&self) -> anyhow::Result<Repositories> {
+        let mut map = BTreeMap::new();
+        for entry in &self.config.repositories {
+            map.insert(
+                entry.name.clone(),
+                entry.repository(&self.global.namespace)?,
+            );
+        }
+        Ok(Repositories(map))
+    }
+
+    fn user(&self) -> String {
+        self.global
+            .user
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "porch-cli".to_owned())
+    }
+
+    fn progress(&self, line: impl std::fmt::Display) {
+        if !self.global.quiet {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        }
+    }
+
+    /// Syncs every registered repository (or one), then runs what is due.
+    async fn refresh(&mut self, only: Option<&str>) -> anyhow::Result<()> {
+        let repositories = self.repositories()?;
+        let control = Control {
+            runner: &self.runner,
+            repositories: &repositories,
+            namespace: self.global.namespace.clone(),
+        };
+        for (name, repository) in &repositories.0 {
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            control
+                .sync(&mut self.objects, repository)
+                .await
+                .with_context(|| format!("failed to sync repository {name:?}"))?;
+        }
+        let quiet = self.global.quiet;
+        let mut count = 0usize;
+        let steps = control
+            .converge(&mut self.objects, |_| {
+                count += 1;
+                if !quiet && count.is_multiple_of(100) {
+                    let _ = writeln!(std::io::stderr().lock(), "  {count} revisions reconciled…");
+                }
+            })
+            .await;
+        for step in steps.iter().filter(|s| s.error.is_some()) {
+            self.progress(describe(step));
+        }
+        Ok(())
+    }
+
+    /// Runs what is due, showing the steps taken on `focus`.
+    async fn converge(&mut self, focus: &[String]) -> anyhow::Result<Vec<Step>> {
+        let repositories = self.repositories()?;
+        let control = Control {
+            runner: &self.runner,
+            repositories: &repositories,
+            namespace: self.global.namespace.clone(),
+        };
+        let quiet = self.global.quiet;
+        let steps = control
+            .converge(&mut self.objects, |step| {
+                if !quiet && (focus.contains(&step.name) || step.error.is_some()) {
+                    let _ = writeln!(std::io::stderr().lock(), "{}", describe(step));
+                }
+            })
+            .await;
+        Ok(steps)
+    }
+
+    fn typed(&self, name: &str) -> anyhow::Result<PackageRevision> {
+        let object = self
+            .objects
+            .get(&self.global.namespace, name)
+            .ok_or_else(|| anyhow!("package revision {name:?} not found"))?;
+        Ok(serde_json::from_value(object.clone())?)
+    }
+
+    fn entry(&self, repository: &str) -> anyhow::Result<&RepoEntry> {
+        self.config.find(repository).ok_or_else(|| {
+            anyhow!("repository {repository:?} is not registered; use `porch repo add`")
+        })
+    }
+
+    /// Creates a new draft with `source`, then runs its handlers.
+    async fn create(
+        &mut self,
+        repository: &str,
+        package: &str,
+        workspace: &str,
+        source: Value,
+    ) -> anyhow::Result<()> {
+        self.entry(repository)?;
+        porch_api::naming::validate_package_path(package)?;
+        porch_api::naming::validate_label("workspace", workspace)?;
+        let name = RevisionName::compose(repository, package, workspace);
+        RevisionName::parse(&name)?;
+        self.refresh(Some(repository)).await?;
+        self.objects.create(json!({
+            "apiVersion": "porch.kpt.dev/v1alpha2",
+            "kind": "PackageRevision",
+            "metadata": {"name": name, "namespace": self.global.namespace},
+            "spec": {
+                "packageName": package,
+                "repository": repository,
+                "workspaceName": workspace,
+                "lifecycle": "Draft",
+                "source": source,
+            }
+        }))?;
+        self.converge(std::slice::from_ref(&name)).await?;
+        let result = self.report(&name);
+        self.save()?;
+        result?;
+        out(format_args!("{name} created"));
+        Ok(())
+    }
+
+    /// Fails with the object's Ready message when it is not ready.
+    fn report(&self, name: &str) -> anyhow::Result<()> {
+        let Some(object) = self.objects.get(&self.global.namespace, name) else {
+            return Ok(());
+        };
+        let ready = object["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"));
+        match ready {
+            Some(c) if c["status"] == "False" && c["reason"] != "Pending" => bail!(
+                "{name}: {} ({})",
+                c["message"].as_str().unwrap_or(""),
+                c["reason"].as_str().unwrap_or("")
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// Moves revisions to `to`, as a user with the webhook's stamps.
+    async fn transition(&mut self, names: &[String], to: Lifecycle) -> anyhow::Result<()> {
+        if names.is_empty() {
+            bail!("name at least one package revision");
+        }
+        self.refresh(None).await?;
+        let user = self.user();
+        for name in names {
+            let pr = self.typed(name)?;
+            porch_api::lifecycle::transition(pr.spec.lifecycle, Some(to))
+                .map_err(|e| anyhow!("{name}: {e}"))?;
+            let stamp = match to {
+                Lifecycle::Proposed => Some(PROPOSED_BY_ANNOTATION),
+                Lifecycle::Published => Some(APPROVED_BY_ANNOTATION),
+                _ => None,
+            };
+            self.objects
+                .update(&self.global.namespace, name, |object| {
+                    object["spec"]["lifecycle"] = json!(to.as_str());
+                    if let Some(key) = stamp {
+                        set_annotation(object, key, &user);
+                    }
+                })?;
+        }
+        self.converge(names).await?;
+        let mut failed = Vec::new();
+        for name in names {
+            match self.report(name) {
+                Ok(()) => {
+                    let pr = self.typed(name)?;
+                    let revision = pr.status.as_ref().and_then(|s| s.revision).unwrap_or(0);
+                    match to {
+                        Lifecycle::Published => {
+                            out(format_args!("{name} published as revision {revision}"));
+                        }
+                        other => out(format_args!("{name} {}", past(other))),
+                    }
+                }
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        self.save()?;
+        if !failed.is_empty() {
+            bail!("{}", failed.join("\n"));
+        }
+        Ok(())
+    }
+}
+
+fn past(lifecycle: Lifecycle) -> &'static str {
+    match lifecycle {
+        Lifecycle::Draft => "rejected",
+        Lifecycle::Proposed => "proposed",
+        Lifecycle::Published => "published",
+        Lifecycle::DeletionProposed => "proposed for deletion",
+    }
+}
+
+fn set_annotation(object: &mut Value, key: &str, value: &str) {
+    let annotations = &mut object["metadata"]["annotations"];
+    if !annotations.is_object() {
+        *annotations = json!({});
+    }
+    annotations[key] = json!(value);
+}
+
+fn describe(step: &Step) -> String {
+    match &step.error {
+        None => format!(
+            "  {:<9} {} ({} ms)",
+            step.operation.as_str(),
+            step.name,
+            step.millis
+        ),
+        Some(e) => format!("  {:<9} {} failed: {e}", step.operation.as_str(), step.name),
+    }
+}
+
+/// An error and its causes on one line, each cause only when the message
+/// so far does not already say it.
+pub fn message(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
+/// Runs one CLI invocation.
+///
+/// # Errors
+/// Whatever the command fails on, with a message for the user.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Repo(command) => repo(cli.global, command).await,
+        Command::Rpkg(command) => rpkg(cli.global, command).await,
+    }
+}
+
+async fn repo(global: Global, command: RepoCommand) -> anyhow::Result<()> {
+    let mut app = App::open(global).await?;
+    match command {
+        RepoCommand::Add {
+            name,
+            url,
+            branch,
+            directory,
+            deployment,
+            create,
+        } => {
+            porch_api::naming::validate_label("repository name", &name)?;
+            porch_api::naming::validate_branch_name(&branch)?;
+            porch_api::naming::validate_repo_directory(&directory)?;
+            if app.config.find(&name).is_some() {
+                bail!("repository {name:?} is already registered");
+            }
+            let url = normalise_url(&url, create)?;
+            app.config.repositories.push(RepoEntry {
+                name: name.clone(),
+                url,
+                branch,
+                directory,
+                deployment,
+                uid: uuid::Uuid::new_v4().to_string(),
+            });
+            // nothing is registered when the repository cannot be read
+            app.refresh(Some(&name)).await?;
+            app.save()?;
+            let count = app
+                .objects
+                .typed(&app.global.namespace)
+                .iter()
+                .filter(|p| p.spec.repository == name)
+                .count();
+            out(format_args!(
+                "repository {name} registered ({count} package revisions)"
+            ));
+        }
+        RepoCommand::List => {
+            let mut table = vec![vec![
+                "NAME".to_owned(),
+                "URL".to_owned(),
+                "BRANCH".to_owned(),
+                "DIRECTORY".to_owned(),
+                "DEPLOYMENT".to_owned(),
+            ]];
+            for r in &app.config.repositories {
+                table.push(vec![
+                    r.name.clone(),
+                    r.url.clone(),
+                    r.branch.clone(),
+                    r.directory.clone(),
+                    r.deployment.to_string(),
+                ]);
+            }
+            print_table(&table);
+        }
+        RepoCommand::Rm { name } => {
+            app.entry(&name)?;
+            app.config.repositories.retain(|r| r.name != name);
+            let namespace = app.global.namespace.clone();
+            let gone: Vec<String> = app
+                .objects
+                .typed(&namespace)
+                .into_iter()
+                .filter(|p| p.spec.repository == name)
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            for pr in &gone {
+                app.objects
+                    .package_revisions
+                    .remove(&format!("{namespace}/{pr}"));
+            }
+            app.save()?;
+            out(format_args!("repository {name} unregistered"));
+        }
+    }
+    Ok(())
+}
+
+/// A registered URL: remote URLs as given; paths made absolute, created
+/// as bare repositories on request.
+fn normalise_url(url: &str, create: bool) -> anyhow::Result<String> {
+    if url.contains("://") && !url.starts_with("file://") {
+        porch_api::naming::validate_git_url(url)?;
+        return Ok(url.to_owned());
+    }
+    let path = Path::new(url.strip_prefix("file://").unwrap_or(url));
+    let path = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    if !path.exists() {
+        if !create {
+            bail!(
+                "{} does not exist (add --create to make a bare repository there)",
+                path.display()
+            );
+        }
+        GitRepo::init_bare(&path)
+            .with_context(|| format!("failed to create a repository at {}", path.display()))?;
+    }
+    let path = path.canonicalize()?;
+    GitRepo::open(&path).with_context(|| format!("{} is not a git repository", path.display()))?;
+    Ok(path.display().to_string())
+}
+
+fn print_table(rows: &[Vec<String>]) {
+    let columns = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out(line.join("   ").trim_end());
+    }
+}
+
+async fn rpkg(global: Global, command: RpkgCommand) -> anyhow::Result<()> {
+    let mut app = App::open(global).await?;
+    match command {
+        RpkgCommand::Get {
+            name,
+            repository,
+            output,
+        } => get(&mut app, name, repository, output).await,
+        RpkgCommand::Init {
+            package,
+            repository,
+            workspace,
+            description,
+            keywords,
+            site,
+        } => {
+            let source =
+                json!({"init": {"description": description, "keywords": keywords, "site": site}});
+            app.create(&repository, &package, &workspace, source).await
+        }
+        RpkgCommand::Clone {
+            upstream,
+            package,
+            repository,
+            workspace,
+        } => {
+            app.refresh(None).await?;
+            app.typed(&upstream)?;
+            let source = json!({"cloneFrom": {"upstreamRef": {"name": upstream}}});
+            app.create(&repository, &package, &workspace, source).await
+        }
+        RpkgCommand::Copy { source, workspace } => {
+            app.refresh(None).await?;
+            let from = app.typed(&source)?;
+            let spec = json!({"copyFrom": {"name": source}});
+            app.create(
+                &from.spec.repository,
+                &from.spec.package_name,
+                &workspace,
+                spec,
+            )
+            .await
+        }
+        RpkgCommand::Upgrade {
+            name,
+            workspace,
+            revision,
+            strategy,
+        } => upgrade(&mut app, &name, &workspace, revision, strategy).await,
+        RpkgCommand::Pull { name, dir } => pull(&mut app, &name, &dir).await,
+        RpkgCommand::Push { name, dir } => push(&mut app, &name, &dir).await,
+        RpkgCommand::Render { name } => {
+            app.refresh(None).await?;
+            request_render(&mut app, &name)?;
+            app.converge(std::slice::from_ref(&name)).await?;
+            let result = app.report(&name);
+            app.save()?;
+            result?;
+            out(format_args!("{name} rendered"));
+            Ok(())
+        }
+        RpkgCommand::Propose { names } => app.transition(&names, Lifecycle::Proposed).await,
+        RpkgCommand::Approve { names } => app.transition(&names, Lifecycle::Published).await,
+        RpkgCommand::Reject { names } => {
+            app.refresh(None).await?;
+            for name in &names {
+                let pr = app.typed(name)?;
+                if pr.spec.lifecycle != Some(Lifecycle::Proposed) {
+                    bail!("{name} is not proposed");
+                }
+            }
+            app.transition(&names, Lifecycle::Draft).await
+        }
+        RpkgCommand::ProposeDelete { names } => {
+            app.transition(&names, Lifecycle::DeletionProposed).await
+        }
+        RpkgCommand::Del { names } => {
+            if names.is_empty() {
+                bail!("name at least one package revision");
+            }
+            app.refresh(None).await?;
+            for name in &names {
+                let pr = app.typed(name)?;
+                porch_api::lifecycle::check_delete(pr.spec.lifecycle)
+                    .map_err(|e| anyhow!("{name}: {e}"))?;
+                app.objects.delete(&app.global.namespace, name)?;
+            }
+            app.converge(&names).await?;
+            app.save()?;
+            let mut left = Vec::new();
+            for name in &names {
+                if app.objects.get(&app.global.namespace, name).is_some() {
+                    left.push(name.clone());
+                } else {
+                    out(format_args!("{name} deleted"));
+                }
+            }
+            if !left.is_empty() {
+                bail!("not deleted yet: {}", left.join(", "));
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn get(
+    app: &mut App,
+    name: Option<String>,
+    repository: Option<String>,
+    output: Output,
+) -> anyhow::Result<()> {
+    if let Some(r) = &repository {
+        app.entry(r)?;
+    }
+    app.refresh(repository.as_deref()).await?;
+    app.save()?;
+    let namespace = app.global.namespace.clone();
+    let mut items: Vec<Value> = app
+        .objects
+        .package_revisions
+        .iter()
+        .filter(|(k, _)| k.split_once('/').is_some_and(|(ns, _)| ns == namespace))
+        .map(|(_, v)| v.clone())
+        .filter(|v| {
+            repository
+                .as_deref()
+                .is_none_or(|r| v["spec"]["repository"] == r)
+        })
+        .filter(|v| name.as_deref().is_none_or(|n| v["metadata"]["name"] == n))
+        .collect();
+    items.sort_by(|a, b| {
+        a["metadata"]["name"]
+            .as_str()
+            .cmp(&b["metadata"]["name"].as_str())
+    });
+    if let Some(n) = &name
+        && items.is_empty()
+    {
+        bail!("package revision {n:?} not found");
+    }
+    let document = if name.is_some() {
+        items.first().cloned().unwrap_or_default()
+    } else {
+        json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items})
+    };
+    match output {
+        Output::Json => out(serde_json::to_string_pretty(&document)?),
+        Output::Yaml => {
+            let yaml = porch_api::crd::yaml_of(&document).map_err(|e| anyhow!(e))?;
+            let _ = write!(std::io::stdout().lock(), "{yaml}");
+        }
+        Output::Table => {
+            let mut table = vec![
+                [
+                    "NAME",
+                    "PACKAGE",
+                    "WORKSPACENAME",
+                    "REVISION",
+                    "LATEST",
+                    "LIFECYCLE",
+                    "REPOSITORY",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+            ];
+            for v in &items {
+                let s = |p: &str| {
+                    v.pointer(p)
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let revision = v
+                    .pointer("/status/revision")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                let latest = v
+                    .pointer("/metadata/labels")
+                    .and_then(|l| l.get(LATEST_REVISION_LABEL))
+                    .is_some_and(|l| l == "true");
+                table.push(vec![
+                    s("/metadata/name"),
+                    s("/spec/packageName"),
+                    s("/spec/workspaceName"),
+                    revision.to_string(),
+                    latest.to_string(),
+                    {
+                        let l = s("/spec/lifecycle");
+                        if l.is_empty() { "Draft".to_owned() } else { l }
+                    },
+                    s("/spec/repository"),
+                ]);
+            }
+            print_table(&table);
+        }
+    }
+    Ok(())
+}
+
+async fn upgrade(
+    app: &mut App,
+    name: &str,
+    workspace: &str,
+    revision: Option<i64>,
+    strategy: Strategy,
+) -> anyhow::Result<()> {
+    app.refresh(None).await?;
+    let current = app.typed(name)?;
+    if current.spec.lifecycle != Some(Lifecycle::Published) {
+        bail!("{name} must be published to be upgraded");
+    }
+    let lock = current
+        .status
+        .as_ref()
+        .and_then(|s| s.upstream_lock.as_ref())
+        .and_then(|l| l.git.as_ref())
+        .ok_or_else(|| anyhow!("{name} has no upstream; only cloned packages can be upgraded"))?;
+    let all = app.objects.typed(&app.global.namespace);
+    let commit_of = |p: &PackageRevision| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.self_lock.as_ref())
+            .and_then(|l| l.git.as_ref())
+            .map(|g| g.commit.clone())
+    };
+    let old = all
+        .iter()
+        .find(|p| {
+            p.spec.lifecycle == Some(Lifecycle::Published)
+                && commit_of(p).as_deref() == Some(lock.commit.as_str())
+        })
+        .ok_or_else(|| {
+            anyhow!(
+                "the upstream of {name} (commit {}) is not among the registered repositories' revisions",
+                lock.commit
+            )
+        })?;
+    let revision_of = |p: &PackageRevision| p.status.as_ref().and_then(|s| s.revision).unwrap_or(0);
+    let newer = all
+        .iter()
+        .filter(|p| {
+            p.spec.repository == old.spec.repository
+                && p.spec.package_name == old.spec.package_name
+                && p.spec.lifecycle == Some(Lifecycle::Published)
+                && revision.is_none_or(|r| revision_of(p) == r)
+        })
+        .max_by_key(|p| revision_of(p))
+        .ok_or_else(|| anyhow!("no such published revision of {}", old.spec.package_name))?;
+    if revision_of(newer) <= revision_of(old) && revision.is_none() {
+        out(format_args!(
+            "{name} is up to date with {} revision {}",
+            old.spec.package_name,
+            revision_of(old)
+        ));
+        return Ok(());
+    }
+    let source = json!({"upgrade": {
+        "oldUpstream": {"name": old.metadata.name},
+        "newUpstream": {"name": newer.metadata.name},
+        "currentPackage": {"name": name},
+        "strategy": strategy.api_name(),
+    }});
+    let (repository, package) = (
+        current.spec.repository.clone(),
+        current.spec.package_name.clone(),
+    );
+    app.create(&repository, &package, workspace, source).await
+}
+
+fn request_render(app: &mut App, name: &str) -> anyhow::Result<()> {
+    let pr = app.typed(name)?;
+    if pr.spec.lifecycle.unwrap_or(Lifecycle::Draft) != Lifecycle::Draft {
+        bail!("{name} is not a draft; only drafts are rendered");
+    }
+    let request = uuid::Uuid::new_v4().to_string();
+    app.objects.update(&app.global.namespace, name, |object| {
+        set_annotation(object, RENDER_REQUEST_ANNOTATION, &request);
+    })?;
+    Ok(())
+}
+
+async fn pull(app: &mut App, name: &str, dir: &Path) -> anyhow::Result<()> {
+    app.refresh(None).await?;
+    let pr = app.typed(name)?;
+    let repository = app
+        .entry(&pr.spec.repository)?
+        .repository(&app.global.namespace)?;
+    let files = app.runner.read_revision(&repository, &pr).await?;
+    app.save()?;
+    if dir.exists() && std::fs::read_dir(dir)?.next().is_some() {
+        bail!("{} is not empty", dir.display());
+    }
+    for (path, content) in &files {
+        porch_git::repo::validate_file_path(path)?;
+        let target = dir.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&target, content)?;
+    }
+    out(format_args!(
+        "{name}: {} files written to {}",
+        files.len(),
+        dir.display()
+    ));
+    Ok(())
+}
+
+/// The files under `dir`, as package paths; hidden directories (`.git`)
+/// and symbolic links are skipped.
+fn read_dir_files(dir: &Path) -> anyhow::Result<Files> {
+    let mut files = Files::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        for entry in std::fs::read_dir(&current)
+            .with_context(|| format!("failed to read {}", current.display()))?
+        {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = entry.path();
+            let name = entry.file_name();
+            if kind.is_dir() {
+                if !name.to_string_lossy().starts_with('.') {
+                    pending.push(path);
+                }
+                continue;
+            }
+            if !kind.is_file() {
+                continue;
+            }
+            let relative = path
+                .strip_prefix(dir)?
+                .to_str()
+                .ok_or_else(|| anyhow!("{} is not a UTF-8 path", path.display()))?
+                .replace(std::path::MAIN_SEPARATOR, "/");
+            if entry.metadata()?.len() > MAX_FILE_BYTES {
+                bail!("{relative} is larger than {MAX_FILE_BYTES} bytes");
+            }
+            if files.len() >= MAX_FILES {
+                bail!("{} holds more than {MAX_FILES} files", dir.display());
+            }
+            files.insert(relative, std::fs::read(&path)?);
+        }
+    }
+    Ok(files)
+}
+
+async fn push(app: &mut App, name: &str, dir: &Path) -> anyhow::Result<()> {
+    let files = read_dir_files(dir)?;
+    app.refresh(None).await?;
+    let pr = app.typed(name)?;
+    let repository = app
+        .entry(&pr.spec.repository)?
+        .repository(&app.global.namespace)?;
+    let user = app.user();
+    let changed = app
+        .runner
+        .write_draft(&repository, &pr, files, &user)
+        .await?;
+    if !changed {
+        app.save()?;
+        out(format_args!("{name}: unchanged"));
+        return Ok(());
+    }
+    request_render(app, name)?;
+    app.converge(&[name.to_owned()]).await?;
+    let result = app.report(name);
+    app.save()?;
+    result?;
+    out(format_args!("{name}: pushed and rendered"));
+    Ok(())
+}
