@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use porch_api::invocation::{Apply, Invocation, Operation, Outcome, Subresource};
+use porch_api::invocation::{Apply, EventType, Invocation, Operation, Outcome, Subresource};
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
 use porch_api::{PACKAGE_REVISION_FINALIZER, REPOSITORY_LABEL, planner};
@@ -335,6 +335,8 @@ pub struct Step {
     pub name: String,
     pub millis: u128,
     pub error: Option<String>,
+    /// Warning events the handler recorded.
+    pub warnings: Vec<String>,
 }
 
 /// The Repositories the objects belong to, by name.
@@ -364,6 +366,44 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
     /// # Errors
     /// The sync handler fails.
     pub async fn sync(&self, objects: &mut Objects, repository: &Repository) -> anyhow::Result<()> {
+        let outcome = self.sync_once(objects, repository).await?;
+        // Git is the only shared state between CLIs: a revision that moved
+        // in git (another user proposed or published it) is taken afresh
+        // from git, unless this CLI still has work to do on it.
+        let moved: Vec<String> = outcome
+            .apply
+            .iter()
+            .filter(|a| a.field_manager == porch_engine::sync::OWNER_MANAGER)
+            .filter_map(|a| a.object["metadata"]["name"].as_str())
+            .filter(|name| {
+                objects
+                    .get(&self.namespace, name)
+                    .and_then(|o| serde_json::from_value::<PackageRevision>(o.clone()).ok())
+                    .is_some_and(|pr| {
+                        pr.metadata.deletion_timestamp.is_none()
+                            && planner::plan(&pr, repository).is_empty()
+                    })
+            })
+            .map(str::to_owned)
+            .collect();
+        objects.apply_outcome(&outcome);
+        if !moved.is_empty() {
+            for name in &moved {
+                objects
+                    .package_revisions
+                    .remove(&key(&self.namespace, name));
+            }
+            let again = self.sync_once(objects, repository).await?;
+            objects.apply_outcome(&again);
+        }
+        Ok(())
+    }
+
+    async fn sync_once(
+        &self,
+        objects: &Objects,
+        repository: &Repository,
+    ) -> anyhow::Result<Outcome> {
         let invocation = Invocation {
             operation: Operation::Sync,
             package_revision: None,
@@ -373,9 +413,7 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
             attempt: 1,
             request_id: uuid::Uuid::new_v4().to_string(),
         };
-        let outcome = self.runner.handle(&invocation).await?;
-        objects.apply_outcome(&outcome);
-        Ok(())
+        Ok(self.runner.handle(&invocation).await?)
     }
 
     /// Runs whatever is due until nothing is, calling `progress` after each
@@ -417,6 +455,7 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
                     error: Some(format!(
                         "still due after {MAX_RUNS_PER_OBJECT} runs; giving up for now"
                     )),
+                    warnings: Vec::new(),
                 };
                 settled.insert(seen);
                 progress(&step);
@@ -439,9 +478,25 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
                 name: seen.0.clone(),
                 millis: started.elapsed().as_millis(),
                 error: result.as_ref().err().map(ToString::to_string),
+                warnings: result
+                    .as_ref()
+                    .map(|o| {
+                        o.events
+                            .iter()
+                            .filter(|e| e.type_ == EventType::Warning)
+                            .map(|e| e.message.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             };
             match result {
-                Ok(outcome) if !outcome.is_empty() => {
+                // an Outcome that changes objects: plan again at once; one
+                // that only reports (or asks to come back later) settles
+                Ok(outcome)
+                    if !(outcome.patches.is_empty()
+                        && outcome.apply.is_empty()
+                        && outcome.delete.is_empty()) =>
+                {
                     objects.apply_outcome(&outcome);
                 }
                 _ => {

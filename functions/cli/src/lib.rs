@@ -721,18 +721,26 @@ async fn rpkg(global: Global, command: RpkgCommand) -> anyhow::Result<()> {
                     .map_err(|e| anyhow!("{name}: {e}"))?;
                 app.objects.delete(&app.global.namespace, name)?;
             }
-            app.converge(&names).await?;
+            let steps = app.converge(&names).await?;
             app.save()?;
             let mut left = Vec::new();
             for name in &names {
                 if app.objects.get(&app.global.namespace, name).is_some() {
-                    left.push(name.clone());
+                    let why: Vec<String> = steps
+                        .iter()
+                        .filter(|s| &s.name == name)
+                        .flat_map(|s| s.warnings.iter().chain(&s.error).cloned())
+                        .collect();
+                    left.push(format!("{name}: {}", why.join("; ")));
                 } else {
                     out(format_args!("{name} deleted"));
                 }
             }
             if !left.is_empty() {
-                bail!("not deleted yet: {}", left.join(", "));
+                bail!(
+                    "not deleted yet (it stays marked for deletion and goes once unblocked):\n{}",
+                    left.join("\n")
+                );
             }
             Ok(())
         }

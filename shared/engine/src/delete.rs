@@ -30,6 +30,9 @@ use crate::HandlerError;
 use crate::repository::layout;
 use crate::status::{latest_label_patches, siblings};
 
+/// When a blocked deletion is tried again.
+pub const BLOCKED_RECHECK_SECONDS: u64 = 60;
+
 fn event(pr: &PackageRevision, type_: EventType, reason: &str, message: String) -> EventRecord {
     EventRecord {
         regarding: ObjectRef::package_revision(pr),
@@ -92,6 +95,7 @@ pub async fn delete<R: Remote + 'static>(
             "DeletionBlocked",
             "published revisions must be proposed for deletion (spec.lifecycle DeletionProposed) before they are deleted".into(),
         ));
+        out.requeue_after_seconds = Some(BLOCKED_RECHECK_SECONDS);
         return Ok(out);
     }
     let revision = pr.status.as_ref().and_then(|s| s.revision).unwrap_or(0);
@@ -126,6 +130,8 @@ pub async fn delete<R: Remote + 'static>(
                     users.join(", ")
                 ),
             ));
+            // nothing changes until a user goes: look again later
+            out.requeue_after_seconds = Some(BLOCKED_RECHECK_SECONDS);
             return Ok(out);
         }
     } else {

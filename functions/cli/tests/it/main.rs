@@ -1,0 +1,569 @@
+//! The `porch` CLI as a user runs it: the binary spawned with its own
+//! config and cache directories, its output read, and the repository
+//! checked with the git CLI.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use pretty_assertions::assert_eq;
+
+/// One user's CLI state against repositories under a shared root.
+struct User {
+    root: PathBuf,
+    config: PathBuf,
+    cache: PathBuf,
+    name: String,
+    env: Vec<(String, String)>,
+}
+
+impl User {
+    fn new(root: &Path, name: &str) -> Self {
+        User {
+            root: root.to_path_buf(),
+            config: root.join(name).join("config"),
+            cache: root.join(name).join("cache"),
+            name: format!("{name}@example.com"),
+            env: Vec::new(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_porch"))
+            .args(args)
+            .current_dir(&self.root)
+            .env("PORCH_CONFIG_DIR", &self.config)
+            .env("PORCH_CACHE_DIR", &self.cache)
+            .env("PORCH_USER", &self.name)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .expect("porch runs")
+    }
+
+    /// Runs and expects success; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "porch {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Runs and expects failure; returns stderr.
+    fn fails(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            !output.status.success(),
+            "porch {args:?} succeeded: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    /// `rpkg get -o json` as (name, lifecycle, revision, latest).
+    fn revisions(&self) -> Vec<(String, String, i64, bool)> {
+        let list: serde_json::Value =
+            serde_json::from_str(&self.ok(&["rpkg", "get", "-o", "json"])).expect("json");
+        assert_eq!(list["kind"], "List");
+        list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|pr| {
+                (
+                    pr["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                    pr["spec"]["lifecycle"].as_str().unwrap_or("").to_owned(),
+                    pr["status"]["revision"].as_i64().unwrap_or(0),
+                    pr["metadata"]["labels"]["porch.kpt.dev/latest-revision"] == "true",
+                )
+            })
+            .collect()
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new("git")
+        .args(["-c", "safe.directory=*"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git runs");
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn refs(bare: &Path) -> String {
+    git(bare, &["for-each-ref", "--format=%(refname) %(objectname)"])
+}
+
+const PIPELINE: &str =
+    "pipeline:\n  mutators:\n    - image: set-labels:v0.2\n      configMap:\n        app: shop\n";
+
+#[test]
+fn a_package_from_init_to_deletion_as_a_user_runs_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path();
+    let alice = User::new(root, "alice");
+    let bare = root.join("blueprints.git");
+
+    let added = alice.ok(&["repo", "add", "blueprints", "./blueprints.git", "--create"]);
+    assert_eq!(
+        added.trim(),
+        "repository blueprints registered (0 package revisions)"
+    );
+    alice.ok(&[
+        "rpkg",
+        "init",
+        "app",
+        "--repository",
+        "blueprints",
+        "--workspace",
+        "v1",
+        "--description",
+        "the app",
+    ]);
+    assert!(git(&bare, &["branch", "--list"]).contains("drafts/app/v1"));
+
+    // Pull, edit, push: the push renders with the new pipeline.
+    alice.ok(&["rpkg", "pull", "blueprints.app.v1", "app"]);
+    let kptfile = std::fs::read_to_string(root.join("app/Kptfile")).expect("Kptfile");
+    assert!(kptfile.contains("description: the app"), "{kptfile}");
+    let kptfile = kptfile
+        .split("status:")
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+        + PIPELINE;
+    std::fs::write(root.join("app/Kptfile"), kptfile).expect("write");
+    std::fs::write(
+        root.join("app/cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  a: \"1\"\n",
+    )
+    .expect("write");
+    let pushed = alice.ok(&["rpkg", "push", "blueprints.app.v1", "app"]);
+    assert_eq!(pushed.trim(), "blueprints.app.v1: pushed and rendered");
+    let cm = git(&bare, &["show", "drafts/app/v1:app/cm.yaml"]);
+    assert!(cm.contains("app: shop"), "rendered in git: {cm}");
+    // the draft's own files again: nothing to commit
+    let head = git(&bare, &["rev-parse", "drafts/app/v1"]);
+    alice.ok(&["rpkg", "pull", "blueprints.app.v1", "again"]);
+    assert_eq!(
+        alice
+            .ok(&["rpkg", "push", "blueprints.app.v1", "again"])
+            .trim(),
+        "blueprints.app.v1: unchanged"
+    );
+    assert_eq!(git(&bare, &["rev-parse", "drafts/app/v1"]), head);
+
+    alice.ok(&["rpkg", "propose", "blueprints.app.v1"]);
+    let approved = alice.ok(&["rpkg", "approve", "blueprints.app.v1"]);
+    assert_eq!(approved.trim(), "blueprints.app.v1 published as revision 1");
+    assert_eq!(git(&bare, &["tag", "--list"]).trim(), "app/v1");
+    let approval = git(&bare, &["log", "-1", "--format=%ae", "app/v1"]);
+    assert_eq!(approval.trim(), "alice@example.com");
+
+    // A clone of the blueprint, published.
+    alice.ok(&[
+        "rpkg",
+        "clone",
+        "blueprints.app.v1",
+        "shop",
+        "--repository",
+        "blueprints",
+        "--workspace",
+        "v1",
+    ]);
+    alice.ok(&["rpkg", "propose", "blueprints.shop.v1"]);
+    alice.ok(&["rpkg", "approve", "blueprints.shop.v1"]);
+
+    // A new blueprint revision by copy, then the clone upgraded onto it.
+    alice.ok(&["rpkg", "copy", "blueprints.app.v1", "--workspace", "v2"]);
+    alice.ok(&["rpkg", "pull", "blueprints.app.v2", "app2"]);
+    let cm = std::fs::read_to_string(root.join("app2/cm.yaml")).expect("cm");
+    std::fs::write(
+        root.join("app2/cm.yaml"),
+        cm.replace("a: \"1\"", "a: \"2\""),
+    )
+    .expect("write");
+    alice.ok(&["rpkg", "push", "blueprints.app.v2", "app2"]);
+    alice.ok(&["rpkg", "propose", "blueprints.app.v2"]);
+    alice.ok(&["rpkg", "approve", "blueprints.app.v2"]);
+    alice.ok(&["rpkg", "upgrade", "blueprints.shop.v1", "--workspace", "v2"]);
+    let upgraded = git(&bare, &["show", "drafts/shop/v2:shop/cm.yaml"]);
+    assert!(upgraded.contains("a: \"2\""), "{upgraded}");
+    let kptfile = git(&bare, &["show", "drafts/shop/v2:shop/Kptfile"]);
+    assert!(kptfile.contains("ref: app/v2"), "{kptfile}");
+
+    let listed = alice.revisions();
+    let find = |name: &str| listed.iter().find(|r| r.0 == name).cloned().expect(name);
+    assert_eq!(
+        find("blueprints.app.v1"),
+        ("blueprints.app.v1".into(), "Published".into(), 1, false)
+    );
+    assert_eq!(
+        find("blueprints.app.v2"),
+        ("blueprints.app.v2".into(), "Published".into(), 2, true)
+    );
+    assert_eq!(
+        find("blueprints.shop.v2"),
+        ("blueprints.shop.v2".into(), "Draft".into(), 0, false)
+    );
+    assert_eq!(find("blueprints.app.main").2, -1);
+    let table = alice.ok(&["rpkg", "get", "--repository", "blueprints"]);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("blueprints.app.v2"), "{table}");
+    let yaml = alice.ok(&["rpkg", "get", "blueprints.app.v2", "-o", "yaml"]);
+    assert!(yaml.contains("kind: PackageRevision"), "{yaml}");
+    assert!(yaml.contains("publishedBy: alice@example.com"), "{yaml}");
+
+    // Reject a proposal, delete a draft, propose a deletion and delete.
+    alice.ok(&["rpkg", "propose", "blueprints.shop.v2"]);
+    alice.ok(&["rpkg", "reject", "blueprints.shop.v2"]);
+    assert!(git(&bare, &["branch", "--list"]).contains("drafts/shop/v2"));
+    alice.ok(&["rpkg", "del", "blueprints.shop.v2"]);
+    assert!(!git(&bare, &["branch", "--list"]).contains("shop/v2"));
+    alice.ok(&["rpkg", "propose-delete", "blueprints.app.v1"]);
+    // shop was cloned from it: the deletion waits while shop refers to it
+    let blocked = alice.fails(&["rpkg", "del", "blueprints.app.v1"]);
+    assert!(
+        blocked.contains("referenced as upstream by: blueprints.shop.main, blueprints.shop.v1"),
+        "{blocked}"
+    );
+    assert!(git(&bare, &["tag", "--list"]).contains("app/v1"));
+    alice.ok(&["rpkg", "propose-delete", "blueprints.app.v2"]);
+    assert_eq!(
+        alice.ok(&["rpkg", "del", "blueprints.app.v2"]).trim(),
+        "blueprints.app.v2 deleted"
+    );
+    let tags = git(&bare, &["tag", "--list"]);
+    assert!(!tags.contains("app/v2"), "{tags}");
+    assert!(tags.contains("app/v1"), "{tags}");
+    let listed = alice.revisions();
+    assert!(
+        !listed.iter().any(|r| r.0 == "blueprints.app.v2"),
+        "{listed:?}"
+    );
+    // the blocked one is still there, marked for deletion
+    assert!(
+        listed.iter().any(|r| r.0 == "blueprints.app.v1"),
+        "{listed:?}"
+    );
+    git(&bare, &["fsck", "--strict"]);
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_changes_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path();
+    let alice = User::new(root, "alice");
+    let bare = root.join("r.git");
+    alice.ok(&["repo", "add", "r", "./r.git", "--create"]);
+    alice.ok(&[
+        "rpkg",
+        "init",
+        "app",
+        "--repository",
+        "r",
+        "--workspace",
+        "v1",
+    ]);
+    alice.ok(&["rpkg", "propose", "r.app.v1"]);
+    alice.ok(&["rpkg", "approve", "r.app.v1"]);
+    alice.ok(&[
+        "rpkg",
+        "init",
+        "draft",
+        "--repository",
+        "r",
+        "--workspace",
+        "v1",
+    ]);
+    let before = refs(&bare);
+
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "rpkg",
+                "init",
+                "../etc",
+                "--repository",
+                "r",
+                "--workspace",
+                "v1",
+            ],
+            "'.' and '..' segments are not allowed",
+        ),
+        (
+            vec![
+                "rpkg",
+                "init",
+                "/abs",
+                "--repository",
+                "r",
+                "--workspace",
+                "v1",
+            ],
+            "package name",
+        ),
+        (
+            vec![
+                "rpkg",
+                "init",
+                "x",
+                "--repository",
+                "r",
+                "--workspace",
+                "Bad_WS",
+            ],
+            "workspace",
+        ),
+        (
+            vec![
+                "rpkg",
+                "init",
+                "x",
+                "--repository",
+                "nope",
+                "--workspace",
+                "v1",
+            ],
+            "repository \"nope\" is not registered",
+        ),
+        (
+            vec![
+                "rpkg",
+                "init",
+                "app",
+                "--repository",
+                "r",
+                "--workspace",
+                "v1",
+            ],
+            "already exists",
+        ),
+        (
+            vec![
+                "rpkg",
+                "init",
+                "app/sub",
+                "--repository",
+                "r",
+                "--workspace",
+                "v9",
+            ],
+            "would nest",
+        ),
+        (
+            vec!["rpkg", "del", "r.app.v1"],
+            "must be proposed for deletion",
+        ),
+        (vec!["rpkg", "approve", "r.draft.v1"], "r.draft.v1"),
+        (vec!["rpkg", "reject", "r.draft.v1"], "is not proposed"),
+        (vec!["rpkg", "render", "r.app.v1"], "not a draft"),
+        (
+            vec!["rpkg", "push", "r.app.v1", "."],
+            "only drafts can be changed",
+        ),
+        (
+            vec!["rpkg", "push", "r.draft.v1", "/nonexistent"],
+            "/nonexistent",
+        ),
+        (vec!["rpkg", "pull", "r.nothing.v1", "out"], "not found"),
+        (
+            vec![
+                "rpkg",
+                "clone",
+                "r.draft.v1",
+                "c",
+                "--repository",
+                "r",
+                "--workspace",
+                "v1",
+            ],
+            "must be published",
+        ),
+        (
+            vec!["rpkg", "upgrade", "r.app.v1", "--workspace", "v2"],
+            "no upstream",
+        ),
+        (
+            vec!["repo", "add", "Bad_Name", "./x.git"],
+            "repository name",
+        ),
+        (
+            vec!["repo", "add", "other", "./missing.git"],
+            "does not exist",
+        ),
+        (vec!["repo", "add", "r", "./r.git"], "already registered"),
+        (
+            vec!["repo", "add", "web", "ftp://example.com/x.git"],
+            "is not valid",
+        ),
+    ];
+    for (args, expected) in cases {
+        let stderr = alice.fails(&args);
+        assert!(
+            stderr.contains(expected),
+            "porch {args:?}: expected {expected:?} in {stderr}"
+        );
+        assert_eq!(refs(&bare), before, "porch {args:?} changed git");
+    }
+    // A push of a directory without a Kptfile is refused too.
+    std::fs::create_dir_all(root.join("nokpt")).expect("dir");
+    std::fs::write(root.join("nokpt/cm.yaml"), "a: 1\n").expect("write");
+    let stderr = alice.fails(&["rpkg", "push", "r.draft.v1", "nokpt"]);
+    assert!(stderr.contains("no Kptfile"), "{stderr}");
+    assert_eq!(refs(&bare), before);
+    // A damaged config is reported, not overwritten.
+    std::fs::write(alice.config.join("config.json"), "{not json").expect("write");
+    let stderr = alice.fails(&["rpkg", "get"]);
+    assert!(stderr.contains("is not a valid config"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(alice.config.join("config.json")).expect("read"),
+        "{not json"
+    );
+}
+
+#[test]
+fn two_users_see_each_other_and_git_changes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path();
+    let (alice, bob) = (User::new(root, "alice"), User::new(root, "bob"));
+    let bare = root.join("shared.git");
+    alice.ok(&["repo", "add", "shared", "./shared.git", "--create"]);
+    bob.ok(&["repo", "add", "shared", "./shared.git"]);
+    alice.ok(&[
+        "rpkg",
+        "init",
+        "app",
+        "--repository",
+        "shared",
+        "--workspace",
+        "v1",
+    ]);
+    alice.ok(&["rpkg", "propose", "shared.app.v1"]);
+
+    // Bob sees Alice's proposal and approves it.
+    let seen = bob.revisions();
+    assert!(
+        seen.iter()
+            .any(|r| r.0 == "shared.app.v1" && r.1 == "Proposed"),
+        "{seen:?}"
+    );
+    bob.ok(&["rpkg", "approve", "shared.app.v1"]);
+    assert_eq!(
+        git(&bare, &["log", "-1", "--format=%ae", "app/v1"]).trim(),
+        "bob@example.com"
+    );
+    let seen = alice.revisions();
+    assert!(
+        seen.iter()
+            .any(|r| r == &("shared.app.v1".to_owned(), "Published".to_owned(), 1, true)),
+        "{seen:?}"
+    );
+
+    // A draft deleted directly in git disappears from both.
+    alice.ok(&[
+        "rpkg",
+        "init",
+        "gone",
+        "--repository",
+        "shared",
+        "--workspace",
+        "v1",
+    ]);
+    assert!(bob.revisions().iter().any(|r| r.0 == "shared.gone.v1"));
+    git(&bare, &["update-ref", "-d", "refs/heads/drafts/gone/v1"]);
+    assert!(!alice.revisions().iter().any(|r| r.0 == "shared.gone.v1"));
+    assert!(!bob.revisions().iter().any(|r| r.0 == "shared.gone.v1"));
+}
+
+struct Moto(std::process::Child);
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn snapshots_go_to_s3_with_a_flag() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/git/tests/servers/moto_serial.py");
+    let _moto = Moto(
+        Command::new("python3")
+            .arg(script)
+            .arg("127.0.0.1")
+            .arg(port.to_string())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs moto"),
+    );
+    let mut connected = None;
+    for _ in 0..400 {
+        if let Ok(stream) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            connected = Some(stream);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let mut stream = connected.expect("moto listens");
+    // create the bucket (moto accepts an unsigned request)
+    write!(
+        stream,
+        "PUT /snaps HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("put");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    assert!(answer.contains(" 200 OK"), "{answer}");
+
+    let mut alice = User::new(root, "alice");
+    alice.env = vec![
+        ("PORCH_S3_BUCKET".into(), "snaps".into()),
+        (
+            "PORCH_S3_ENDPOINT".into(),
+            format!("http://127.0.0.1:{port}"),
+        ),
+        ("AWS_ACCESS_KEY_ID".into(), "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
+        ("AWS_REGION".into(), "us-east-1".into()),
+    ];
+    alice.ok(&["repo", "add", "r", "./r.git", "--create"]);
+    alice.ok(&[
+        "rpkg",
+        "init",
+        "app",
+        "--repository",
+        "r",
+        "--workspace",
+        "v1",
+    ]);
+    alice.ok(&["rpkg", "propose", "r.app.v1"]);
+    alice.ok(&["rpkg", "approve", "r.app.v1"]);
+    // nothing went to the local snapshot directory
+    assert!(!alice.cache.join("snapshots").exists());
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    write!(
+        stream,
+        "GET /snaps?list-type=2 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("get");
+    let mut listing = String::new();
+    let _ = stream.read_to_string(&mut listing);
+    assert!(listing.contains("manifest.json"), "{listing}");
+    assert!(listing.contains(".pack"), "{listing}");
+}
