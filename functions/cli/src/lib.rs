@@ -42,7 +42,7 @@ pub struct Cli {
 }
 
 /// Options of every command.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct Global {
     /// Registered repositories and the objects.
     #[arg(long, env = "PORCH_CONFIG_DIR", global = true)]
@@ -77,6 +77,13 @@ pub enum Command {
     /// Work with package revisions.
     #[command(subcommand)]
     Rpkg(RpkgCommand),
+    /// A short tour: a new bare repository under DIR, a package drafted,
+    /// rendered, proposed, approved and copied (state under DIR too unless
+    /// --config-dir / --cache-dir say otherwise).
+    Demo {
+        #[arg(default_value = "porch-demo")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -507,7 +514,137 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Repo(command) => repo(cli.global, command).await,
         Command::Rpkg(command) => rpkg(cli.global, command).await,
+        Command::Demo { dir } => demo(cli.global, &dir).await,
     }
+}
+
+const DEMO_PIPELINE: &str = "pipeline:
+  mutators:
+    - image: ghcr.io/kptdev/krm-functions-catalog/set-namespace:v0.4
+      configMap:
+        namespace: shop
+    - image: ghcr.io/kptdev/krm-functions-catalog/set-labels:v0.2
+      configMap:
+        app: hello
+";
+
+const DEMO_DEPLOYMENT: &str = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: hello # the web front end
+spec:
+  replicas: 2
+  template:
+    spec:
+      containers:
+        - name: hello
+          image: nginx:1.27
+";
+
+async fn demo(global: Global, dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() && std::fs::read_dir(dir)?.next().is_some() {
+        bail!(
+            "{} is not empty; remove it or name another directory",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir)?;
+    let dir = dir.canonicalize()?;
+    let global = Global {
+        config_dir: Some(global.config_dir.unwrap_or_else(|| dir.join("config"))),
+        cache_dir: Some(global.cache_dir.unwrap_or_else(|| dir.join("cache"))),
+        ..global
+    };
+    let step = |text: &str| out(format_args!("\n# {text}"));
+    step("a new bare repository, registered");
+    let bare = dir.join("blueprints.git");
+    repo(
+        global.clone(),
+        RepoCommand::Add {
+            name: "blueprints".into(),
+            url: bare.display().to_string(),
+            branch: "main".into(),
+            directory: String::new(),
+            deployment: false,
+            create: true,
+        },
+    )
+    .await?;
+    step("porch rpkg init hello --repository blueprints --workspace v1");
+    let rpkg_run = |command| rpkg(global.clone(), command);
+    rpkg_run(RpkgCommand::Init {
+        package: "hello".into(),
+        repository: "blueprints".into(),
+        workspace: "v1".into(),
+        description: "hello, world".into(),
+        keywords: Vec::new(),
+        site: String::new(),
+    })
+    .await?;
+    step("porch rpkg pull, add a Deployment and a pipeline, porch rpkg push (renders)");
+    let work = dir.join("hello");
+    rpkg_run(RpkgCommand::Pull {
+        name: "blueprints.hello.v1".into(),
+        dir: work.clone(),
+    })
+    .await?;
+    let kptfile = std::fs::read_to_string(work.join("Kptfile"))?;
+    let kptfile = kptfile
+        .split("status:")
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    std::fs::write(work.join("Kptfile"), kptfile + DEMO_PIPELINE)?;
+    std::fs::write(work.join("deployment.yaml"), DEMO_DEPLOYMENT)?;
+    rpkg_run(RpkgCommand::Push {
+        name: "blueprints.hello.v1".into(),
+        dir: work.clone(),
+    })
+    .await?;
+    step("porch rpkg propose / approve");
+    rpkg_run(RpkgCommand::Propose {
+        names: vec!["blueprints.hello.v1".into()],
+    })
+    .await?;
+    rpkg_run(RpkgCommand::Approve {
+        names: vec!["blueprints.hello.v1".into()],
+    })
+    .await?;
+    step("porch rpkg copy blueprints.hello.v1 --workspace v2");
+    rpkg_run(RpkgCommand::Copy {
+        source: "blueprints.hello.v1".into(),
+        workspace: "v2".into(),
+    })
+    .await?;
+    step("porch rpkg get");
+    rpkg_run(RpkgCommand::Get {
+        name: None,
+        repository: None,
+        output: Output::Table,
+    })
+    .await?;
+    step("the rendered Deployment, as published in git (tag hello/v1)");
+    let rendered = GitRepo::open(&bare).ok().and_then(|repo| {
+        let tag = repo.ref_id("refs/tags/hello/v1").ok().flatten()?;
+        repo.file(tag, "hello/deployment.yaml").ok().flatten()
+    });
+    if let Some(bytes) = rendered {
+        let _ = write!(
+            std::io::stdout().lock(),
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    let config = global.config_dir.clone().unwrap_or_default();
+    let cache = global.cache_dir.clone().unwrap_or_default();
+    step("look around");
+    out(format_args!(
+        "git --git-dir {} log --all --oneline --decorate\nporch --config-dir {} --cache-dir {} rpkg get",
+        bare.display(),
+        config.display(),
+        cache.display()
+    ));
+    Ok(())
 }
 
 async fn repo(global: Global, command: RepoCommand) -> anyhow::Result<()> {

@@ -567,3 +567,42 @@ fn snapshots_go_to_s3_with_a_flag() {
     assert!(listing.contains("manifest.json"), "{listing}");
     assert!(listing.contains(".pack"), "{listing}");
 }
+
+#[test]
+fn the_demo_runs_on_a_fresh_machine_and_refuses_to_overwrite() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let home = tmp.path().join("home");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_porch"))
+            .args(args)
+            .current_dir(tmp.path())
+            .env_remove("PORCH_CONFIG_DIR")
+            .env_remove("PORCH_CACHE_DIR")
+            .env("HOME", &home)
+            .env_remove("XDG_CONFIG_HOME")
+            .env_remove("XDG_CACHE_HOME")
+            .output()
+            .expect("porch runs")
+    };
+    let output = run(&["demo", "tour"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("blueprints.hello.v1 published as revision 1"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("namespace: shop"), "{stdout}");
+    let bare = tmp.path().join("tour/blueprints.git");
+    assert_eq!(git(&bare, &["tag", "--list"]).trim(), "hello/v1");
+    // the state stayed in the demo directory
+    assert!(!home.exists(), "nothing written to the home directory");
+
+    let again = run(&["demo", "tour"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is not empty"));
+    assert_eq!(git(&bare, &["tag", "--list"]).trim(), "hello/v1");
+}
