@@ -12,7 +12,8 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = porch_cli::Cli::parse();
-    match porch_cli::run(cli).await {
+    // boxed: the command futures are too deep for the layout of main's own
+    match Box::pin(porch_cli::run(cli)).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", porch_cli::message(&e));

@@ -73,6 +73,8 @@ fn first_attempt() -> u32 {
 pub enum InvocationError {
     #[error("invalid invocation: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("invalid invocation: unknown field(s) {0}")]
+    UnknownFields(String),
     #[error("invalid invocation: {field} must be {expected}, got {found}")]
     Version {
         field: &'static str,
@@ -127,7 +129,26 @@ impl Invocation {
         for item in raw["related"].as_array().into_iter().flatten() {
             check("related", item, REVISION)?;
         }
-        Ok(serde_json::from_value(raw)?)
+        // A field this build does not know means the objects come from a
+        // newer API than the handler: refuse rather than drop it.
+        let mut unknown = Vec::new();
+        let invocation: Self = serde_ignored::deserialize(raw, |path| {
+            let path = path.to_string();
+            // the objects' own apiVersion and kind, checked above
+            // (`?` marks an Option's content)
+            let parts: Vec<&str> = path.split('.').filter(|p| *p != "?").collect();
+            let type_field = match parts.as_slice() {
+                [_, last] | ["related", _, last] => *last == "apiVersion" || *last == "kind",
+                _ => false,
+            };
+            if !type_field {
+                unknown.push(path);
+            }
+        })?;
+        if !unknown.is_empty() {
+            return Err(InvocationError::UnknownFields(unknown.join(", ")));
+        }
+        Ok(invocation)
     }
 }
 
@@ -314,7 +335,22 @@ mod tests {
         assert!(Invocation::from_json(&bytes).is_err());
         assert!(Invocation::from_json(b"{not json").is_err());
         let bytes = serde_json::to_vec(&json).expect("json");
-        assert!(Invocation::from_json(&bytes).is_ok());
+        let decoded = Invocation::from_json(&bytes);
+        assert!(decoded.is_ok(), "{decoded:?}");
+        // unknown fields inside the objects too
+        let mut newer = json.clone();
+        newer["repository"]["spec"]["git"]["fancy"] = serde_json::json!(true);
+        let bytes = serde_json::to_vec(&newer).expect("json");
+        let refused = Invocation::from_json(&bytes).expect_err("unknown field");
+        assert!(refused.to_string().contains("fancy"), "{refused}");
+        let mut newer = json.clone();
+        newer["repository"]["metadata"]["fancy"] = serde_json::json!(true);
+        let bytes = serde_json::to_vec(&newer).expect("json");
+        let refused = Invocation::from_json(&bytes).expect_err("unknown field");
+        assert!(
+            refused.to_string().contains("repository.metadata.fancy"),
+            "{refused}"
+        );
     }
 
     #[test]

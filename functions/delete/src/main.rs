@@ -1,0 +1,7 @@
+//! The delete handler as an AWS Lambda function: the git cleanup of a revision being deleted (spec §4.7).
+//! Configuration and error types: `porch_lambda`.
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    porch_lambda::main(porch_api::invocation::Operation::Delete).await
+}
