@@ -1,19 +1,17 @@
 //! The Lambda functions: the example events, `invoke` on good and hostile
 //! input, and the binary served by a Lambda Runtime API on loopback.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
 use porch_api::invocation::Invocation;
 use porch_lambda::{INVALID, RETRYABLE, invoke};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
+
+mod runtime_api;
+use runtime_api::RuntimeApi;
 
 fn functions_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -181,56 +179,6 @@ async fn invoke_answers_outcomes_and_typed_errors() {
     );
 }
 
-/// A Lambda Runtime API: hands out queued events, collects answers.
-#[derive(Clone, Default)]
-struct RuntimeApi {
-    events: Arc<Mutex<VecDeque<Value>>>,
-    answers: Arc<Mutex<Vec<(String, Value)>>>,
-    first_answer: Arc<Mutex<Option<Instant>>>,
-}
-
-async fn next(State(api): State<RuntimeApi>) -> (HeaderMap, axum::Json<Value>) {
-    let event = loop {
-        if let Some(event) = api.events.lock().expect("lock").pop_front() {
-            break event;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    let id = format!("req-{}", api.answers.lock().expect("lock").len());
-    let deadline = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() + 60_000)
-        .unwrap_or_default();
-    let mut headers = HeaderMap::new();
-    headers.insert("lambda-runtime-aws-request-id", id.parse().expect("header"));
-    headers.insert(
-        "lambda-runtime-deadline-ms",
-        deadline.to_string().parse().expect("header"),
-    );
-    headers.insert(
-        "lambda-runtime-invoked-function-arn",
-        "arn:aws:lambda:us-east-1:000000000000:function:porch-source"
-            .parse()
-            .expect("header"),
-    );
-    (headers, axum::Json(event))
-}
-
-async fn answer(
-    State(api): State<RuntimeApi>,
-    UrlPath((id, kind)): UrlPath<(String, String)>,
-    body: axum::body::Bytes,
-) -> StatusCode {
-    api.first_answer
-        .lock()
-        .expect("lock")
-        .get_or_insert_with(Instant::now);
-    let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    api.answers.lock().expect("lock").push((kind, value));
-    let _ = id;
-    StatusCode::ACCEPTED
-}
-
 struct Child(std::process::Child);
 
 impl Drop for Child {
@@ -249,53 +197,30 @@ async fn the_binary_serves_invocations_from_the_runtime_api() {
         &["init", "--bare", "-q", "-b", "main", "repo.git"],
     );
     let init = pointed(event("source", "init.json"), &bare);
-    let api = RuntimeApi::default();
-    api.events.lock().expect("lock").extend([
-        init.clone(),
-        init.clone(),
-        event("source", "invalid-wrong-version.json"),
-    ]);
-    let app = axum::Router::new()
-        .route("/2018-06-01/runtime/invocation/next", get(next))
-        .route("/2018-06-01/runtime/invocation/{id}/{kind}", post(answer))
-        .with_state(api.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-
-    let started = Instant::now();
+    let (api, address) = RuntimeApi::start().await;
     let _child = Child(
         Command::new(env!("CARGO_BIN_EXE_porch-handler"))
             .env("PORCH_OPERATION", "source")
-            .env("AWS_LAMBDA_RUNTIME_API", address.to_string())
-            .env("AWS_LAMBDA_FUNCTION_NAME", "porch-source")
-            .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "512")
-            .env("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST")
+            .envs(RuntimeApi::env(address, "porch-source"))
             .env("PORCH_CACHE_DIR", tmp.path().join("cache"))
             .env("PORCH_LOG", "warn")
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("porch-handler starts"),
     );
-    for _ in 0..1000 {
-        if api.answers.lock().expect("lock").len() == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let answers = api.answers.lock().expect("lock").clone();
-    assert_eq!(answers.len(), 3, "{answers:?}");
-    assert_eq!(answers[0].0, "response");
-    assert_eq!(answers[0], answers[1], "a redelivery gets the same Outcome");
-    assert!(answers[0].1["patches"].is_array(), "{answers:?}");
-    assert_eq!(answers[2].0, "error");
-    assert_eq!(answers[2].1["errorType"], INVALID);
+    let call = |event| tokio::time::timeout(Duration::from_secs(60), api.call(event));
+    let first = call(init.clone()).await.expect("answered");
+    let second = call(init.clone()).await.expect("answered");
+    let refused = call(event("source", "invalid-wrong-version.json"))
+        .await
+        .expect("answered");
+    assert_eq!(first.0, "response", "{first:?}");
+    assert_eq!(first, second, "a redelivery gets the same Outcome");
+    assert!(first.1["patches"].is_array(), "{first:?}");
+    assert_eq!(refused.0, "error");
+    assert_eq!(refused.1["errorType"], INVALID);
     assert_eq!(
         git(&bare, &["rev-list", "--count", "drafts/hello/v1"]).trim(),
         "1"
     );
-    let first = api.first_answer.lock().expect("lock").map(|t| t - started);
-    assert!(first.is_some());
 }
