@@ -409,6 +409,7 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
             package_revision: None,
             repository: repository.clone(),
             upstream: None,
+            upstream_repository: None,
             related: objects.typed(&self.namespace),
             attempt: 1,
             request_id: uuid::Uuid::new_v4().to_string(),
@@ -462,11 +463,18 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
                 steps.push(step);
                 continue;
             }
+            let upstream = upstream_of(pr, &all);
+            let upstream_repository = upstream
+                .as_ref()
+                .filter(|u| u.spec.repository != pr.spec.repository)
+                .and_then(|u| self.repositories.0.get(&u.spec.repository))
+                .cloned();
             let invocation = Invocation {
                 operation,
                 package_revision: Some(pr.clone()),
                 repository: repository.clone(),
-                upstream: upstream_of(pr, &all),
+                upstream_repository,
+                upstream,
                 related: all.clone(),
                 attempt: 1,
                 request_id: uuid::Uuid::new_v4().to_string(),

@@ -142,14 +142,22 @@ pub enum RpkgCommand {
         #[arg(long, default_value = "")]
         site: String,
     },
-    /// A new package cloned from a published revision.
+    /// A new package cloned from a published revision (of any registered
+    /// repository) or from a package at a git URL or path.
     Clone {
+        /// A PackageRevision name, or a git URL / path with --ref and --directory.
         upstream: String,
         package: String,
         #[arg(long)]
         repository: String,
         #[arg(long)]
         workspace: String,
+        /// For a git upstream: the branch, tag or commit.
+        #[arg(long = "ref", default_value = "main")]
+        reference: String,
+        /// For a git upstream: the package's directory.
+        #[arg(long, default_value = "")]
+        directory: String,
     },
     /// A new draft of a package from one of its published revisions.
     Copy {
@@ -796,10 +804,24 @@ async fn rpkg(global: Global, command: RpkgCommand) -> anyhow::Result<()> {
             package,
             repository,
             workspace,
+            reference,
+            directory,
         } => {
-            app.refresh(None).await?;
-            app.typed(&upstream)?;
-            let source = json!({"cloneFrom": {"upstreamRef": {"name": upstream}}});
+            let is_git =
+                upstream.contains("://") || upstream.contains('/') || upstream.ends_with(".git");
+            let source = if is_git {
+                let url = if upstream.contains("://") && !upstream.starts_with("file://") {
+                    upstream.clone()
+                } else {
+                    format!("file://{}", normalise_url(&upstream, false)?)
+                };
+                porch_api::naming::validate_git_url(&url)?;
+                json!({"cloneFrom": {"git": {"repo": url, "ref": reference, "directory": directory}}})
+            } else {
+                app.refresh(None).await?;
+                app.typed(&upstream)?;
+                json!({"cloneFrom": {"upstreamRef": {"name": upstream}}})
+            };
             app.create(&repository, &package, &workspace, source).await
         }
         RpkgCommand::Copy { source, workspace } => {

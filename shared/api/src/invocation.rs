@@ -53,6 +53,10 @@ pub struct Invocation {
     /// The upstream revision, for clone and upgrade sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<PackageRevision>,
+    /// The upstream's Repository, when it is not `repository` (a clone
+    /// from another repository).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_repository: Option<Repository>,
     /// Other revisions the operation needs (upgrade sources, the package's
     /// revisions for the latest-revision labels).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -113,6 +117,13 @@ impl Invocation {
             &raw["repository"],
             "config.porch.kpt.dev/v1alpha1/Repository",
         )?;
+        if !raw["upstreamRepository"].is_null() {
+            check(
+                "upstreamRepository",
+                &raw["upstreamRepository"],
+                "config.porch.kpt.dev/v1alpha1/Repository",
+            )?;
+        }
         for field in ["packageRevision", "upstream"] {
             if !raw[field].is_null() {
                 check(

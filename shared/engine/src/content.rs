@@ -15,16 +15,7 @@ use porch_git::remote::Remote;
 use porch_git::repo::{Files, GitRepo, validate_file_path};
 
 use crate::HandlerError;
-
-fn layout_of(repository: &Repository) -> RepoLayout {
-    let git = repository.spec.git.as_ref();
-    RepoLayout::new(
-        git.map_or("", |g| g.directory.as_str()),
-        git.map(|g| g.branch.as_str())
-            .filter(|b| !b.is_empty())
-            .unwrap_or("main"),
-    )
-}
+use crate::repository::layout_of;
 
 fn invalid(e: impl std::fmt::Display) -> HandlerError {
     HandlerError::Invalid(e.to_string())

@@ -115,7 +115,12 @@ pub fn mirror_for(
 
 /// The repository layout of an Invocation's Repository.
 pub fn layout(invocation: &Invocation) -> RepoLayout {
-    let git = invocation.repository.spec.git.as_ref();
+    layout_of(&invocation.repository)
+}
+
+/// The repository layout of a Repository.
+pub fn layout_of(repository: &Repository) -> RepoLayout {
+    let git = repository.spec.git.as_ref();
     RepoLayout::new(
         git.map_or("", |g| g.directory.as_str()),
         git.map(|g| g.branch.as_str())

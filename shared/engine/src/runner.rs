@@ -36,6 +36,7 @@ use porch_krm::runtime::FunctionRuntime;
 use crate::HandlerError;
 use crate::render::RenderContext;
 use crate::repository::{AnyRemote, mirror_for, repository_key};
+use crate::source::ExternalUpstream;
 
 /// What the handlers share across Invocations.
 #[derive(Debug)]
@@ -114,7 +115,10 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         let mirror = &session.mirror;
         let outcome = match invocation.operation {
             Operation::Adopt => crate::adopt::adopt(invocation),
-            Operation::Source => crate::source::source(invocation, mirror, &now).await,
+            Operation::Source => {
+                let external = self.external_upstream(invocation).await?;
+                crate::source::source_with(invocation, mirror, &now, external).await
+            }
             Operation::Render => {
                 let context = RenderContext {
                     functions: Arc::clone(&self.functions),
@@ -165,6 +169,81 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             crate::content::write(repository, pr, &session.mirror, files, user, &now).await;
         self.close(session).await;
         written
+    }
+
+    /// The upstream of a clone from another Repository or a git URL, read
+    /// from its own mirror; `None` when the source needs none. A ref or
+    /// directory that does not exist is a refusal (reported in the
+    /// status); an unreachable remote is an error (retried).
+    async fn external_upstream(
+        &self,
+        invocation: &Invocation,
+    ) -> Result<Option<Result<ExternalUpstream, String>>, HandlerError> {
+        let Some(pr) = &invocation.package_revision else {
+            return Ok(None);
+        };
+        let Some(clone) = pr.spec.source.as_ref().and_then(|s| s.clone_from.as_ref()) else {
+            return Ok(None);
+        };
+        if let Some(git) = &clone.git {
+            if let Err(e) = porch_api::naming::validate_git_url(&git.repo) {
+                return Ok(Some(Err(e.to_string())));
+            }
+            if !git.secret_ref.name.is_empty() {
+                return Ok(Some(Err(format!(
+                    "clone with credentials (secretRef {:?}) is not supported yet; register the repository instead",
+                    git.secret_ref.name
+                ))));
+            }
+            let directory = git.directory.trim_matches('/').to_owned();
+            if !directory.is_empty()
+                && let Err(e) = porch_api::naming::validate_package_path(&directory)
+            {
+                return Ok(Some(Err(format!("directory: {e}"))));
+            }
+            let repository = upstream_repository(invocation, &git.repo);
+            let session = self.open(&repository).await?;
+            session.mirror.fetch().await?;
+            let (path, url, reference) = (
+                session.mirror.path().to_path_buf(),
+                git.repo.clone(),
+                git.ref_.clone(),
+            );
+            let read = tokio::task::spawn_blocking(move || {
+                read_at_ref(&path, &url, &reference, &directory)
+            })
+            .await
+            .map_err(|e| HandlerError::Internal(e.to_string()))??;
+            self.close(session).await;
+            return Ok(Some(read));
+        }
+        let (Some(upstream), Some(repository)) =
+            (&invocation.upstream, &invocation.upstream_repository)
+        else {
+            return Ok(None);
+        };
+        if upstream.spec.repository == pr.spec.repository
+            || repository.metadata.name.as_deref() != Some(upstream.spec.repository.as_str())
+        {
+            return Ok(None);
+        }
+        let session = self.open(repository).await?;
+        session.mirror.fetch().await?;
+        let path = session.mirror.path().to_path_buf();
+        let (upstream, repository) = (upstream.clone(), repository.clone());
+        let read = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
+            let repo = GitRepo::open(&path)?;
+            let layout = crate::repository::layout_of(&repository);
+            let url = repository.spec.git.as_ref().map_or("", |g| g.repo.as_str());
+            Ok(
+                crate::source::read_published(&repo, &layout, url, &upstream)
+                    .map(|(files, lock)| ExternalUpstream { files, lock }),
+            )
+        })
+        .await
+        .map_err(|e| HandlerError::Internal(e.to_string()))??;
+        self.close(session).await;
+        Ok(Some(read))
     }
 
     /// The repository's mirror, brought to its snapshot when there is a store.
@@ -244,6 +323,75 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         open.insert(mirror.to_path_buf(), Arc::clone(&snapshots));
         Ok(Some(snapshots))
     }
+}
+
+/// A Repository object for a git URL a clone names, so it gets a mirror and
+/// a snapshot of its own.
+fn upstream_repository(invocation: &Invocation, url: &str) -> Repository {
+    let namespace = invocation
+        .repository
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_owned());
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "config.porch.kpt.dev/v1alpha1",
+        "kind": "Repository",
+        "metadata": {"name": "git-upstream", "namespace": namespace},
+        "spec": {"type": "git", "git": {"repo": url}}
+    }))
+    .unwrap_or_else(|_| invocation.repository.clone())
+}
+
+/// The package at `directory` of `reference` (a tag, a branch or a commit
+/// id) in the mirror at `path`, with its lock; a refusal when either does
+/// not exist or holds no Kptfile.
+fn read_at_ref(
+    path: &Path,
+    url: &str,
+    reference: &str,
+    directory: &str,
+) -> Result<Result<ExternalUpstream, String>, HandlerError> {
+    let repo = GitRepo::open(path)?;
+    let reference = if reference.is_empty() {
+        "main"
+    } else {
+        reference
+    };
+    let mut commit = None;
+    for name in [
+        format!("refs/tags/{reference}"),
+        format!("refs/heads/{reference}"),
+    ] {
+        if let Ok(Some(id)) = repo.ref_id(&name) {
+            commit = Some(id);
+            break;
+        }
+    }
+    if commit.is_none() && reference.len() == 40 {
+        commit =
+            porch_git::repo::parse_object_id(reference).filter(|id| repo.commit_info(*id).is_ok());
+    }
+    let Some(commit) = commit else {
+        return Ok(Err(format!(
+            "{url} has no branch, tag or commit {reference:?}"
+        )));
+    };
+    let files = repo.read_files(commit, directory)?;
+    if !files.contains_key("Kptfile") {
+        return Ok(Err(format!(
+            "{url} has no package at {directory:?} of {reference:?} (no Kptfile)"
+        )));
+    }
+    Ok(Ok(ExternalUpstream {
+        files,
+        lock: porch_api::common::GitLock {
+            repo: url.to_owned(),
+            directory: directory.to_owned(),
+            ref_: reference.to_owned(),
+            commit: commit.to_string(),
+        },
+    }))
 }
 
 /// A repository's mirror during one operation.

@@ -49,9 +49,18 @@ fn find<'a>(invocation: &'a Invocation, name: &str) -> Option<&'a PackageRevisio
         .find(|p| p.metadata.name.as_deref() == Some(name))
 }
 
+/// An upstream outside the draft's repository, read by the caller before
+/// the handler runs: a published revision of another Repository, or a
+/// package at a git URL.
+#[derive(Debug, Clone)]
+pub struct ExternalUpstream {
+    pub files: Files,
+    pub lock: GitLock,
+}
+
 /// The files of a published revision of this repository, read from its tag
 /// (or from the branch for the placeholder, revision -1), with its lock.
-fn read_published(
+pub(crate) fn read_published(
     repo: &GitRepo,
     layout: &RepoLayout,
     url: &str,
@@ -229,6 +238,7 @@ fn compute(
     pr: &PackageRevision,
     repo: &GitRepo,
     layout: &RepoLayout,
+    external: Option<Result<ExternalUpstream, Refusal>>,
 ) -> Result<(Files, &'static str), Refusal> {
     let source = pr.spec.source.as_ref().ok_or("no source")?;
     let kind = source.creation_source().ok_or("source has no fields set")?;
@@ -277,22 +287,32 @@ fn compute(
                 ));
             }
             let clone = source.clone_from.as_ref().ok_or("clone has no source")?;
-            let name = clone
-                .upstream_ref
-                .as_ref()
-                .map(|r| r.name.clone())
-                .ok_or("clone from a git URL is not supported yet; use upstreamRef")?;
-            let upstream = find(invocation, &name)
-                .ok_or_else(|| format!("failed to get upstream package {name:?}"))?;
-            if !published(upstream) {
-                return Err(format!("upstream package {name:?} must be published"));
-            }
-            if upstream.spec.repository != pr.spec.repository {
-                return Err(format!(
-                    "upstream package {name:?} is in another repository; that is not supported yet"
-                ));
-            }
-            let (mut files, lock) = read_published(repo, layout, url, upstream)?;
+            let (mut files, lock) = match (&clone.upstream_ref, &clone.git) {
+                (Some(reference), None) => {
+                    let name = &reference.name;
+                    let upstream = find(invocation, name)
+                        .ok_or_else(|| format!("failed to get upstream package {name:?}"))?;
+                    if !published(upstream) {
+                        return Err(format!("upstream package {name:?} must be published"));
+                    }
+                    if upstream.spec.repository == pr.spec.repository {
+                        read_published(repo, layout, url, upstream)?
+                    } else {
+                        let external = external.ok_or_else(|| {
+                            format!(
+                                "upstream package {name:?} is in repository {:?}, which the invocation does not name",
+                                upstream.spec.repository
+                            )
+                        })??;
+                        (external.files, external.lock)
+                    }
+                }
+                (None, Some(_)) => {
+                    let external = external.ok_or("the package at the git URL was not read")??;
+                    (external.files, external.lock)
+                }
+                _ => return Err("clone needs exactly one of upstreamRef and git".into()),
+            };
             set_upstream(&mut files, &pr.spec.package_name, &lock)?;
             if invocation.repository.spec.deployment {
                 files = package_context(files, &pr.spec.package_name)?;
@@ -383,6 +403,20 @@ pub async fn source<R: Remote + 'static>(
     mirror: &Mirror<R>,
     now: &Time,
 ) -> Result<Outcome, HandlerError> {
+    source_with(invocation, mirror, now, None).await
+}
+
+/// [`source`] with an upstream outside the repository, read beforehand
+/// (or why it could not be: reported in the status like any refusal).
+///
+/// # Errors
+/// As [`source`].
+pub async fn source_with<R: Remote + 'static>(
+    invocation: &Invocation,
+    mirror: &Mirror<R>,
+    now: &Time,
+    external: Option<Result<ExternalUpstream, String>>,
+) -> Result<Outcome, HandlerError> {
     let pr = crate::revision_of(invocation, Operation::Source)?;
     if !planner::is_due(Operation::Source, pr, &invocation.repository) {
         return Ok(Outcome::none());
@@ -402,7 +436,7 @@ pub async fn source<R: Remote + 'static>(
     let (inv, pr_owned, layout_owned) = (invocation.clone(), pr.clone(), layout.clone());
     let computed = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
         let repo = GitRepo::open(&path)?;
-        Ok(compute(&inv, &pr_owned, &repo, &layout_owned))
+        Ok(compute(&inv, &pr_owned, &repo, &layout_owned, external))
     })
     .await
     .map_err(|e| HandlerError::Internal(e.to_string()))??;

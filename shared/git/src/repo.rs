@@ -49,6 +49,13 @@ fn git<E: std::error::Error + Send + Sync + 'static>(
     }
 }
 
+/// A full hexadecimal object id (40 characters), or `None`.
+pub fn parse_object_id(hex: &str) -> Option<ObjectId> {
+    (hex.len() == 40)
+        .then(|| ObjectId::from_hex(hex.as_bytes()).ok())
+        .flatten()
+}
+
 /// Checks a file path inside a package: relative, no `.`/`..`/`.git`
 /// segments, no empty segments, no backslashes or control characters.
 ///

@@ -606,3 +606,82 @@ fn the_demo_runs_on_a_fresh_machine_and_refuses_to_overwrite() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("is not empty"));
     assert_eq!(git(&bare, &["tag", "--list"]).trim(), "hello/v1");
 }
+
+#[test]
+fn clones_cross_repositories_and_come_from_git_paths() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path();
+    let alice = User::new(root, "alice");
+    alice.ok(&["repo", "add", "blueprints", "./blueprints.git", "--create"]);
+    alice.ok(&[
+        "repo",
+        "add",
+        "deploy",
+        "./deploy.git",
+        "--create",
+        "--deployment",
+    ]);
+    alice.ok(&[
+        "rpkg",
+        "init",
+        "app",
+        "--repository",
+        "blueprints",
+        "--workspace",
+        "v1",
+    ]);
+    alice.ok(&["rpkg", "propose", "blueprints.app.v1"]);
+    alice.ok(&["rpkg", "approve", "blueprints.app.v1"]);
+
+    alice.ok(&[
+        "rpkg",
+        "clone",
+        "blueprints.app.v1",
+        "edge",
+        "--repository",
+        "deploy",
+        "--workspace",
+        "v1",
+    ]);
+    let deploy = root.join("deploy.git");
+    let kptfile = git(&deploy, &["show", "drafts/edge/v1:edge/Kptfile"]);
+    assert!(kptfile.contains("ref: app/v1"), "{kptfile}");
+    let context = git(
+        &deploy,
+        &["show", "drafts/edge/v1:edge/package-context.yaml"],
+    );
+    assert!(context.contains("name: edge"), "{context}");
+
+    alice.ok(&[
+        "rpkg",
+        "clone",
+        "./blueprints.git",
+        "core",
+        "--repository",
+        "deploy",
+        "--workspace",
+        "v1",
+        "--ref",
+        "app/v1",
+        "--directory",
+        "app",
+    ]);
+    let kptfile = git(&deploy, &["show", "drafts/core/v1:core/Kptfile"]);
+    assert!(kptfile.contains("directory: app"), "{kptfile}");
+    let stderr = alice.fails(&[
+        "rpkg",
+        "clone",
+        "./blueprints.git",
+        "none",
+        "--repository",
+        "deploy",
+        "--workspace",
+        "v1",
+        "--ref",
+        "nope",
+        "--directory",
+        "app",
+    ]);
+    assert!(stderr.contains("no branch, tag or commit"), "{stderr}");
+    assert!(!git(&deploy, &["branch", "--list"]).contains("none"));
+}

@@ -223,3 +223,167 @@ async fn a_crash_between_push_and_snapshot_write_converges_on_redelivery() -> an
     assert!(!caught_up.contains(&"refs/heads/proposed/app/v1".to_owned()));
     Ok(())
 }
+
+fn repository_object(name: &str, url: &std::path::Path) -> porch_api::repository::Repository {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "config.porch.kpt.dev/v1alpha1",
+        "kind": "Repository",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("{name}-uid")},
+        "spec": {"type": "git", "git": {"repo": url.display().to_string(), "branch": "main"}}
+    }))
+    .expect("a repository")
+}
+
+/// A clone into `deploy` of `package`, from `source`.
+fn clone_into(deploy: &std::path::Path, package: &str, source: serde_json::Value) -> Invocation {
+    let mut inv = invocation("source", serde_json::json!({}));
+    inv.repository = repository_object("deploy", deploy);
+    if let Some(pr) = inv.package_revision.as_mut() {
+        pr.metadata.name = Some(format!("deploy.{package}.v1"));
+        pr.metadata.uid = Some(format!("uid-{package}"));
+        pr.spec.package_name = package.to_owned();
+        pr.spec.repository = "deploy".into();
+        pr.status = None;
+        pr.spec.source = serde_json::from_value(serde_json::json!({ "cloneFrom": source }))
+            .expect("a clone source");
+    }
+    inv
+}
+
+fn ready_message(outcome: &porch_api::invocation::Outcome) -> String {
+    let json = serde_json::to_value(&outcome.patches[0].patch).expect("patch");
+    json[1]["value"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| {
+            format!(
+                "{}/{}: {}",
+                c["status"].as_str().unwrap_or(""),
+                c["reason"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("")
+            )
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn clones_come_from_other_repositories_and_git_urls() -> anyhow::Result<()> {
+    let upstream = empty_repo()?;
+    crate::support::publish(
+        &upstream.mirror,
+        "app",
+        "v1",
+        crate::support::package(crate::support::LABELS),
+    )
+    .await?;
+    let deploy = empty_repo()?;
+    let tmp = tempfile::tempdir()?;
+    let runner = runner(
+        &tmp.path().join("cache"),
+        LocalDirStore::new(tmp.path().join("store")),
+    );
+
+    // From a published revision of another registered repository.
+    let mut inv = clone_into(
+        &deploy.remote,
+        "shop",
+        serde_json::json!({"upstreamRef": {"name": "blueprints.app.v1"}}),
+    );
+    let mut app = crate::support::published_revision("blueprints.app.v1", "app", "v1", 1);
+    app.spec.repository = "blueprints".into();
+    inv.upstream = Some(app);
+    inv.upstream_repository = Some(repository_object("blueprints", &upstream.remote));
+    let outcome = runner.handle(&inv).await?;
+    assert!(
+        ready_message(&outcome).starts_with("False/Pending"),
+        "{}",
+        ready_message(&outcome)
+    );
+    let kptfile = git(&deploy.remote, &["show", "drafts/shop/v1:shop/Kptfile"]);
+    assert!(
+        kptfile.contains(&format!("repo: {}", upstream.remote.display())),
+        "{kptfile}"
+    );
+    assert!(kptfile.contains("ref: app/v1"), "{kptfile}");
+    assert!(git(&deploy.remote, &["show", "drafts/shop/v1:shop/cm.yaml"]).contains("kpt-merge"));
+    // without the upstream's Repository it is a clear refusal
+    let mut orphan = clone_into(
+        &deploy.remote,
+        "lost",
+        serde_json::json!({"upstreamRef": {"name": "blueprints.app.v1"}}),
+    );
+    orphan.upstream = inv.upstream.clone();
+    let refused = runner.handle(&orphan).await?;
+    assert!(
+        ready_message(&refused).contains("which the invocation does not name"),
+        "{}",
+        ready_message(&refused)
+    );
+
+    // From a git URL, by tag, branch or commit.
+    let url = format!("file://{}", upstream.remote.display());
+    let commit = git(&upstream.remote, &["rev-parse", "app/v1^{commit}"])
+        .trim()
+        .to_owned();
+    for (package, reference) in [
+        ("by-tag", "app/v1"),
+        ("by-branch", "main"),
+        ("by-commit", commit.as_str()),
+    ] {
+        let inv = clone_into(
+            &deploy.remote,
+            package,
+            serde_json::json!({"git": {"repo": url, "ref": reference, "directory": "app"}}),
+        );
+        let outcome = runner.handle(&inv).await?;
+        assert!(
+            ready_message(&outcome).starts_with("False/Pending"),
+            "{package}: {}",
+            ready_message(&outcome)
+        );
+        let kptfile = git(
+            &deploy.remote,
+            &["show", &format!("drafts/{package}/v1:{package}/Kptfile")],
+        );
+        assert!(kptfile.contains(&format!("ref: {reference}")), "{kptfile}");
+        assert!(kptfile.contains(&format!("commit: {commit}")), "{kptfile}");
+    }
+    let before = git(&deploy.remote, &["for-each-ref"]);
+    for (source, expected) in [
+        (
+            serde_json::json!({"git": {"repo": url, "ref": "nope", "directory": "app"}}),
+            "no branch, tag or commit \"nope\"",
+        ),
+        (
+            serde_json::json!({"git": {"repo": url, "ref": "main", "directory": "missing"}}),
+            "no Kptfile",
+        ),
+        (
+            serde_json::json!({"git": {"repo": url, "ref": "main", "directory": "../app"}}),
+            "directory",
+        ),
+        (
+            serde_json::json!({"git": {"repo": "ftp://x/y", "ref": "main", "directory": "app"}}),
+            "scheme",
+        ),
+        (
+            serde_json::json!({"git": {"repo": url, "ref": "main", "directory": "app", "secretRef": {"name": "creds"}}}),
+            "credentials",
+        ),
+    ] {
+        let outcome = runner
+            .handle(&clone_into(&deploy.remote, "bad", source))
+            .await?;
+        let message = ready_message(&outcome);
+        assert!(
+            message.starts_with("False/Failed") && message.contains(expected),
+            "{expected}: {message}"
+        );
+    }
+    assert_eq!(
+        git(&deploy.remote, &["for-each-ref"]),
+        before,
+        "refusals write nothing"
+    );
+    Ok(())
+}
