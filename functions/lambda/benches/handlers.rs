@@ -40,7 +40,7 @@ fn git(dir: &Path, args: &[&str]) {
 }
 
 /// A bare repository with `n` published packages (`pkg-<i>` at tag
-/// `pkg-<i>/v1`), written by `git fast-import`.
+/// `pkg-<i>/v1`), written by `git fast-import`, refs packed.
 fn repository(root: &Path, n: usize) -> PathBuf {
     use std::io::Write;
     let bare = root.join(format!("repo-{n}.git"));
@@ -85,6 +85,8 @@ fn repository(root: &Path, n: usize) -> PathBuf {
         .write_all(input.as_bytes())
         .expect("write");
     assert!(import.wait().expect("fast-import").success());
+    // as `git gc` leaves a server's repository: refs packed
+    git(&bare, &["pack-refs", "--all"]);
     bare
 }
 

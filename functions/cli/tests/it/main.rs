@@ -483,9 +483,9 @@ fn two_users_see_each_other_and_git_changes() {
     assert!(!bob.revisions().iter().any(|r| r.0 == "shared.gone.v1"));
 }
 
-struct Moto(std::process::Child);
+struct Server(std::process::Child);
 
-impl Drop for Moto {
+impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -493,7 +493,7 @@ impl Drop for Moto {
 }
 
 #[test]
-fn snapshots_go_to_s3_with_a_flag() {
+fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
     use std::io::{Read, Write};
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path();
@@ -503,7 +503,7 @@ fn snapshots_go_to_s3_with_a_flag() {
         .expect("port");
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/git/tests/servers/moto_serial.py");
-    let _moto = Moto(
+    let _moto = Server(
         Command::new("python3")
             .arg(script)
             .arg("127.0.0.1")
@@ -542,7 +542,40 @@ fn snapshots_go_to_s3_with_a_flag() {
         ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
         ("AWS_REGION".into(), "us-east-1".into()),
     ];
-    alice.ok(&["repo", "add", "r", "./r.git", "--create"]);
+    // The repository on a smart-HTTP git server that accepts pushes.
+    let bare = root.join("served/r.git");
+    std::fs::create_dir_all(root.join("served")).expect("dir");
+    git(
+        &root.join("served"),
+        &["init", "--bare", "-q", "-b", "main", "r.git"],
+    );
+    git(&bare, &["config", "http.receivepack", "true"]);
+    let git_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/git/tests/servers/git_http_server.py");
+    let _git_server = Server(
+        Command::new("python3")
+            .arg(script)
+            .arg(root.join("served"))
+            .arg(git_port.to_string())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs the git server"),
+    );
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", git_port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let url = format!("http://127.0.0.1:{git_port}/r.git");
+    alice.ok(&["repo", "add", "r", &url]);
+
+    // init → push content → render → propose → approve → copy → push →
+    // approve → clone → upgrade → propose-delete → delete
     alice.ok(&[
         "rpkg",
         "init",
@@ -552,8 +585,59 @@ fn snapshots_go_to_s3_with_a_flag() {
         "--workspace",
         "v1",
     ]);
+    alice.ok(&["rpkg", "pull", "r.app.v1", "app"]);
+    let kptfile = std::fs::read_to_string(root.join("app/Kptfile")).expect("Kptfile");
+    let kptfile = kptfile
+        .split("status:")
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+        + PIPELINE;
+    std::fs::write(root.join("app/Kptfile"), kptfile).expect("write");
+    std::fs::write(
+        root.join("app/cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  a: \"1\"\n",
+    )
+    .expect("write");
+    alice.ok(&["rpkg", "push", "r.app.v1", "app"]);
+    assert!(git(&bare, &["show", "drafts/app/v1:app/cm.yaml"]).contains("app: shop"));
     alice.ok(&["rpkg", "propose", "r.app.v1"]);
     alice.ok(&["rpkg", "approve", "r.app.v1"]);
+    alice.ok(&[
+        "rpkg",
+        "clone",
+        "r.app.v1",
+        "shop",
+        "--repository",
+        "r",
+        "--workspace",
+        "v1",
+    ]);
+    alice.ok(&["rpkg", "propose", "r.shop.v1"]);
+    alice.ok(&["rpkg", "approve", "r.shop.v1"]);
+    alice.ok(&["rpkg", "copy", "r.app.v1", "--workspace", "v2"]);
+    alice.ok(&["rpkg", "pull", "r.app.v2", "app2"]);
+    let cm = std::fs::read_to_string(root.join("app2/cm.yaml")).expect("cm");
+    std::fs::write(
+        root.join("app2/cm.yaml"),
+        cm.replace("a: \"1\"", "a: \"2\""),
+    )
+    .expect("write");
+    alice.ok(&["rpkg", "push", "r.app.v2", "app2"]);
+    alice.ok(&["rpkg", "propose", "r.app.v2"]);
+    alice.ok(&["rpkg", "approve", "r.app.v2"]);
+    alice.ok(&["rpkg", "upgrade", "r.shop.v1", "--workspace", "v2"]);
+    assert!(git(&bare, &["show", "drafts/shop/v2:shop/cm.yaml"]).contains("a: \"2\""));
+    alice.ok(&["rpkg", "propose", "r.shop.v2"]);
+    alice.ok(&["rpkg", "approve", "r.shop.v2"]);
+    alice.ok(&["rpkg", "propose-delete", "r.shop.v1"]);
+    alice.ok(&["rpkg", "del", "r.shop.v1"]);
+    let tags = git(&bare, &["tag", "--list"]);
+    assert_eq!(
+        tags.split_whitespace().collect::<Vec<_>>(),
+        vec!["app/v1", "app/v2", "shop/v2"]
+    );
+    git(&bare, &["fsck", "--strict"]);
     // nothing went to the local snapshot directory
     assert!(!alice.cache.join("snapshots").exists());
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
