@@ -158,6 +158,92 @@ where
     started.elapsed()
 }
 
+/// The baseline: the git CLI doing the same git work on a warm clone of
+/// the same repository (draft branch commit + push, a second commit +
+/// push for the render, the move to the proposed branch, then the approval
+/// merge, the tag and an atomic push).
+fn git_cli_flow(work: &Path, package: &str) -> Duration {
+    let run = |args: &[&str]| {
+        let status = Command::new("git")
+            .args([
+                "-c",
+                "user.name=Bench",
+                "-c",
+                "user.email=bench@example.com",
+            ])
+            .args(args)
+            .current_dir(work)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("git runs");
+        assert!(status.success(), "git {args:?}");
+    };
+    let started = Instant::now();
+    let draft = format!("drafts/{package}/v1");
+    let proposed = format!("proposed/{package}/v1");
+    run(&["checkout", "-q", "-b", &draft, "main"]);
+    std::fs::create_dir_all(work.join(package)).expect("dir");
+    std::fs::write(
+        work.join(package).join("Kptfile"),
+        format!("apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: {package}\n"),
+    )
+    .expect("write");
+    run(&["add", package]);
+    run(&["commit", "-q", "-m", "Creating new empty revision"]);
+    run(&["push", "-q", "origin", &draft]);
+    std::fs::write(work.join(package).join("README.md"), "rendered\n").expect("write");
+    run(&["add", package]);
+    run(&["commit", "-q", "-m", "Rendering package"]);
+    run(&["push", "-q", "origin", &draft]);
+    run(&[
+        "push",
+        "-q",
+        "--atomic",
+        "origin",
+        &format!("{draft}:refs/heads/{proposed}"),
+        &format!(":refs/heads/{draft}"),
+    ]);
+    run(&["checkout", "-q", "main"]);
+    run(&[
+        "merge",
+        "-q",
+        "--no-ff",
+        "-m",
+        "Approving package revision",
+        &draft,
+    ]);
+    run(&["tag", &format!("{package}/v1")]);
+    run(&[
+        "push",
+        "-q",
+        "--atomic",
+        "origin",
+        "main",
+        &format!("{package}/v1"),
+        &format!(":refs/heads/{proposed}"),
+    ]);
+    started.elapsed()
+}
+
+fn git_cli(bare: &Path, root: &Path, n: usize) -> Duration {
+    let work = root.join(format!("git-cli-{n}"));
+    git(
+        root,
+        &[
+            "clone",
+            "-q",
+            bare.to_str().expect("utf-8"),
+            work.to_str().expect("utf-8"),
+        ],
+    );
+    git_cli_flow(&work, "cli-warm");
+    let samples = (0..ITERATIONS)
+        .map(|i| git_cli_flow(&work, &format!("cli-{i}")))
+        .collect();
+    median(samples)
+}
+
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
@@ -269,8 +355,10 @@ async fn main() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path();
     println!("Draft -> Proposed -> Published of a small package, median of {ITERATIONS} flows:");
-    println!("| packages in the repository | in-process | over HTTP (Lambda Runtime API) |");
-    println!("|---|---|---|");
+    println!(
+        "| packages in the repository | in-process | over HTTP (Lambda Runtime API) | git CLI, same git work |"
+    );
+    println!("|---|---|---|---|");
     let mut figures = Vec::new();
     for n in [10usize, 10_000] {
         let started = Instant::now();
@@ -282,14 +370,16 @@ async fn main() {
         let repo = repository_object(&bare);
         let local = in_process(&repo, &root.join(format!("cache-in-{n}")), "in").await;
         let http = over_http(&repo, &root.join(format!("cache-http-{n}")), "http").await;
-        println!("| {n} | {} | {} |", ms(local), ms(http));
-        figures.push((local, http));
+        let cli = git_cli(&bare, root, n);
+        println!("| {n} | {} | {} | {} |", ms(local), ms(http), ms(cli));
+        figures.push((local, http, cli));
     }
     let ratio = |a: Duration, b: Duration| b.as_secs_f64() / a.as_secs_f64();
     println!(
-        "10,000 ÷ 10 packages: in-process {:.2}x, over HTTP {:.2}x (goal <= 1.2x)",
+        "10,000 ÷ 10 packages: in-process {:.2}x, over HTTP {:.2}x, git CLI {:.2}x (goal <= 1.2x)",
         ratio(figures[0].0, figures[1].0),
-        ratio(figures[0].1, figures[1].1)
+        ratio(figures[0].1, figures[1].1),
+        ratio(figures[0].2, figures[1].2)
     );
     let bare = root.join("repo-10.git");
     let (plain, with_git) = start_to_first_outcome(&repository_object(&bare), root).await;

@@ -15,7 +15,7 @@
 //!    fails after the push is logged and the Outcome still returned: the
 //!    remote holds the work and the next Invocation catches the snapshot up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -255,51 +255,29 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             self.retry,
         )?;
         let snapshots = self.snapshots_for(repository, mirror.path())?;
-        let before = match &snapshots {
-            Some(snapshots) => {
-                match snapshots.prepare(mirror.remote()).await? {
-                    Prepared::Loaded(loaded) => tracing::debug!(
-                        bytes = loaded.bytes_read,
-                        packs = loaded.packs_downloaded,
-                        "snapshot loaded"
-                    ),
-                    Prepared::Rebuilt(saved) => {
-                        tracing::info!(
-                            bytes = saved.bytes_written,
-                            "snapshot rebuilt from the remote"
-                        );
-                    }
+        if let Some(snapshots) = &snapshots {
+            match snapshots.prepare(mirror.remote()).await? {
+                Prepared::Loaded(loaded) => tracing::debug!(
+                    bytes = loaded.bytes_read,
+                    packs = loaded.packs_downloaded,
+                    "snapshot loaded"
+                ),
+                Prepared::Rebuilt(saved) => {
+                    tracing::info!(bytes = saved.bytes_written, "snapshot rebuilt from the remote");
                 }
-                Some(refs(mirror.path()).await?)
             }
-            None => None,
-        };
-        Ok(Session {
-            mirror,
-            snapshots,
-            before,
-        })
+        }
+        Ok(Session { mirror, snapshots })
     }
 
-    /// Saves the snapshot when the mirror's refs moved. A failed save is
+    /// Saves the snapshot (a no-op when no ref moved). A failed save is
     /// logged only: the remote holds the work.
     async fn close(&self, session: Session<S>) {
-        let Session {
-            mirror,
-            snapshots,
-            before,
-        } = session;
-        let (Some(snapshots), Some(before)) = (snapshots, before) else {
-            return;
-        };
-        match refs(mirror.path()).await {
-            Ok(after) if after == before => {}
-            Ok(_) => {
-                if let Err(e) = snapshots.save(mirror.remote().url()).await {
-                    tracing::warn!(error = %e, "snapshot not saved; the next invocation catches it up from the remote");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "mirror unreadable after the operation"),
+        let Session { mirror, snapshots } = session;
+        if let Some(snapshots) = snapshots
+            && let Err(e) = snapshots.save(mirror.remote().url()).await
+        {
+            tracing::warn!(error = %e, "snapshot not saved; the next invocation catches it up from the remote");
         }
     }
 
@@ -399,8 +377,6 @@ fn read_at_ref(
 struct Session<S> {
     mirror: Mirror<AnyRemote>,
     snapshots: Option<Arc<Snapshots<S>>>,
-    /// The refs as loaded from the snapshot.
-    before: Option<BTreeMap<String, String>>,
 }
 
 /// Whether the Invocation's operation is due for its object.
@@ -414,19 +390,4 @@ fn due(invocation: &Invocation) -> bool {
         Operation::Sync => true,
         op => planner::is_due(op, pr, &invocation.repository),
     }
-}
-
-async fn refs(mirror: &Path) -> Result<BTreeMap<String, String>, HandlerError> {
-    let path = mirror.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let refs = GitRepo::open(&path)?.try_refs_unpeeled()?;
-        Ok::<_, porch_git::repo::RepoError>(
-            refs.into_iter()
-                .map(|(name, id)| (name, id.to_string()))
-                .collect(),
-        )
-    })
-    .await
-    .map_err(|e| HandlerError::Internal(e.to_string()))?
-    .map_err(HandlerError::from)
 }

@@ -735,7 +735,8 @@ impl<S: ObjectStore> Snapshots<S> {
 
     /// Saves the mirror's branches and tags: a pack of what is new since
     /// the snapshot, then the manifest by conditional put, merged with any
-    /// concurrent writer's.
+    /// concurrent writer's. When no ref moved since the snapshot was loaded
+    /// or saved, nothing is written.
     ///
     /// # Errors
     /// Store or git errors, or [`SnapshotError::Contended`].
@@ -754,12 +755,6 @@ impl<S: ObjectStore> Snapshots<S> {
         let synced: BTreeMap<String, ObjectId> =
             state.as_ref().map(LocalState::synced).unwrap_or_default();
         let base = state.as_ref().map(LocalState::refs).unwrap_or_default();
-        let known: Vec<ObjectId> = base.values().chain(synced.values()).copied().collect();
-        let uploaded = self
-            .upload_pack(ours.values().copied().collect(), known, overwrite)
-            .await?;
-        let mut bytes_written = uploaded.as_ref().map_or(0, |(_, n)| *n);
-
         // our changes since the mirror was last in step with the snapshot
         let mut changes: BTreeMap<String, Option<ObjectId>> = BTreeMap::new();
         for (name, id) in &ours {
@@ -772,6 +767,24 @@ impl<S: ObjectStore> Snapshots<S> {
                 changes.insert(name.clone(), None);
             }
         }
+        // nothing moved since the snapshot: no objects are new either
+        if changes.is_empty()
+            && !overwrite
+            && let Some(state) = &state
+        {
+            return Ok(Saved {
+                etag: ETag(state.etag.clone()),
+                pack: None,
+                bytes_written: 0,
+                merges: 0,
+                compacted: false,
+            });
+        }
+        let known: Vec<ObjectId> = base.values().chain(synced.values()).copied().collect();
+        let uploaded = self
+            .upload_pack(ours.values().copied().collect(), known, overwrite)
+            .await?;
+        let mut bytes_written = uploaded.as_ref().map_or(0, |(_, n)| *n);
 
         let mut current = state.map(|s| {
             let refs = s.refs();
