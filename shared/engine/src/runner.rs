@@ -263,7 +263,10 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
                     "snapshot loaded"
                 ),
                 Prepared::Rebuilt(saved) => {
-                    tracing::info!(bytes = saved.bytes_written, "snapshot rebuilt from the remote");
+                    tracing::info!(
+                        bytes = saved.bytes_written,
+                        "snapshot rebuilt from the remote"
+                    );
                 }
             }
         }
