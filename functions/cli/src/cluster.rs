@@ -411,6 +411,7 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
             upstream: None,
             upstream_repository: None,
             related: objects.typed(&self.namespace),
+            time: None,
             attempt: 1,
             request_id: uuid::Uuid::new_v4().to_string(),
         };
@@ -476,6 +477,7 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
                 upstream_repository,
                 upstream,
                 related: all.clone(),
+                time: None,
                 attempt: 1,
                 request_id: uuid::Uuid::new_v4().to_string(),
             };

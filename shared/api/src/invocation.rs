@@ -61,6 +61,12 @@ pub struct Invocation {
     /// revisions for the latest-revision labels).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub related: Vec<PackageRevision>,
+    /// When the relay planned this work. Redeliveries carry the same time,
+    /// and handlers write it (not their own clock) into conditions and
+    /// commits, so a redelivered Invocation gets the same Outcome, byte for
+    /// byte. Without it, handlers use the current time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
     /// 1 for the first delivery.
     #[serde(default = "first_attempt")]
     pub attempt: u32,

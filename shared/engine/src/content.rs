@@ -111,8 +111,33 @@ pub async fn write<R: Remote + 'static>(
         author: Identity::of_user(user),
         time: now.0.as_second(),
     };
+    replace_draft(
+        mirror,
+        layout,
+        package,
+        workspace,
+        files,
+        TaskType::Push,
+        actor,
+    )
+    .await
+}
+
+/// Commits `files` as the package of a draft unless it holds them already
+/// (content decides, not authorship); `true` when a commit was pushed. The
+/// draft branch's compare-and-swap guards the write, so a warm mirror is
+/// trusted first.
+pub(crate) async fn replace_draft<R: Remote + 'static>(
+    mirror: &Mirror<R>,
+    layout: RepoLayout,
+    package: String,
+    workspace: String,
+    files: Files,
+    task: TaskType,
+    actor: Actor,
+) -> Result<bool, HandlerError> {
     let applied = mirror
-        .apply(move |repo| {
+        .apply_optimistic(move |repo| {
             Packages {
                 repo,
                 layout: layout.clone(),
@@ -122,7 +147,7 @@ pub async fn write<R: Remote + 'static>(
                 &workspace,
                 &files,
                 Task {
-                    type_: TaskType::Push,
+                    type_: task,
                     ..Task::default()
                 },
                 &actor,

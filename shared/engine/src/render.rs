@@ -13,10 +13,10 @@ use porch_api::common::PackageCondition;
 use porch_api::invocation::{Invocation, Operation, Outcome};
 use porch_api::kptfile::Kptfile;
 use porch_api::planner::{self, READY_CONDITION, RENDERED_CONDITION};
-use porch_api::v1alpha1::{Task, TaskType};
+use porch_api::v1alpha1::TaskType;
 use porch_api::{PUSH_ON_RENDER_FAILURE_ANNOTATION, RENDER_REQUEST_ANNOTATION};
 use porch_git::mirror::Mirror;
-use porch_git::operations::{Actor, Packages};
+use porch_git::operations::Actor;
 use porch_git::remote::Remote;
 use porch_git::repo::GitRepo;
 use porch_krm::render::{RenderOptions, render as render_package};
@@ -87,27 +87,16 @@ pub async fn render<R: Remote + 'static>(
             author: porch_git::identity::orchestrator(),
             time: context.now.0.as_second(),
         };
-        let new_files = rendered.files.clone();
-        let (package, workspace) = (package.clone(), workspace.clone());
-        let layout = layout.clone();
-        mirror
-            .apply_optimistic(move |repo| {
-                Packages {
-                    repo,
-                    layout: layout.clone(),
-                }
-                .replace_draft_content(
-                    &package,
-                    &workspace,
-                    &new_files,
-                    Task {
-                        type_: TaskType::Render,
-                        ..Task::default()
-                    },
-                    &actor,
-                )
-            })
-            .await?;
+        crate::content::replace_draft(
+            mirror,
+            layout.clone(),
+            package.clone(),
+            workspace.clone(),
+            rendered.files.clone(),
+            TaskType::Render,
+            actor,
+        )
+        .await?;
     }
 
     // The status: Rendered, Ready, what was observed, the Kptfile conditions.

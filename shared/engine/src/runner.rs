@@ -102,7 +102,10 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
     /// As the handler's; a store that fails before the handler ran
     /// (retryable).
     pub async fn handle(&self, invocation: &Invocation) -> Result<Outcome, HandlerError> {
-        let now = Time(Timestamp::now());
+        let now = invocation
+            .time
+            .clone()
+            .unwrap_or_else(|| Time(Timestamp::now()));
         if invocation.operation == Operation::Adopt {
             return crate::adopt::adopt(invocation);
         }

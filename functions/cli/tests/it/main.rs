@@ -97,6 +97,28 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// `<repo>.app.v2` copied from v1 with `a: "2"` in its ConfigMap,
+/// published, and `<repo>.shop.v1` (a clone of app v1) upgraded onto it as
+/// `<repo>.shop.v2`.
+fn copy_change_publish_and_upgrade(user: &User, repo: &str) {
+    let (v1, v2) = (format!("{repo}.app.v1"), format!("{repo}.app.v2"));
+    user.ok(&["rpkg", "copy", &v1, "--workspace", "v2"]);
+    user.ok(&["rpkg", "pull", &v2, "app2"]);
+    let cm_path = user.root.join("app2/cm.yaml");
+    let cm = std::fs::read_to_string(&cm_path).expect("cm");
+    std::fs::write(&cm_path, cm.replace("a: \"1\"", "a: \"2\"")).expect("write");
+    user.ok(&["rpkg", "push", &v2, "app2"]);
+    user.ok(&["rpkg", "propose", &v2]);
+    user.ok(&["rpkg", "approve", &v2]);
+    user.ok(&[
+        "rpkg",
+        "upgrade",
+        &format!("{repo}.shop.v1"),
+        "--workspace",
+        "v2",
+    ]);
+}
+
 fn refs(bare: &Path) -> String {
     git(bare, &["for-each-ref", "--format=%(refname) %(objectname)"])
 }
@@ -182,18 +204,7 @@ fn a_package_from_init_to_deletion_as_a_user_runs_it() {
     alice.ok(&["rpkg", "approve", "blueprints.shop.v1"]);
 
     // A new blueprint revision by copy, then the clone upgraded onto it.
-    alice.ok(&["rpkg", "copy", "blueprints.app.v1", "--workspace", "v2"]);
-    alice.ok(&["rpkg", "pull", "blueprints.app.v2", "app2"]);
-    let cm = std::fs::read_to_string(root.join("app2/cm.yaml")).expect("cm");
-    std::fs::write(
-        root.join("app2/cm.yaml"),
-        cm.replace("a: \"1\"", "a: \"2\""),
-    )
-    .expect("write");
-    alice.ok(&["rpkg", "push", "blueprints.app.v2", "app2"]);
-    alice.ok(&["rpkg", "propose", "blueprints.app.v2"]);
-    alice.ok(&["rpkg", "approve", "blueprints.app.v2"]);
-    alice.ok(&["rpkg", "upgrade", "blueprints.shop.v1", "--workspace", "v2"]);
+    copy_change_publish_and_upgrade(&alice, "blueprints");
     let upgraded = git(&bare, &["show", "drafts/shop/v2:shop/cm.yaml"]);
     assert!(upgraded.contains("a: \"2\""), "{upgraded}");
     let kptfile = git(&bare, &["show", "drafts/shop/v2:shop/Kptfile"]);
@@ -615,18 +626,7 @@ fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
     ]);
     alice.ok(&["rpkg", "propose", "r.shop.v1"]);
     alice.ok(&["rpkg", "approve", "r.shop.v1"]);
-    alice.ok(&["rpkg", "copy", "r.app.v1", "--workspace", "v2"]);
-    alice.ok(&["rpkg", "pull", "r.app.v2", "app2"]);
-    let cm = std::fs::read_to_string(root.join("app2/cm.yaml")).expect("cm");
-    std::fs::write(
-        root.join("app2/cm.yaml"),
-        cm.replace("a: \"1\"", "a: \"2\""),
-    )
-    .expect("write");
-    alice.ok(&["rpkg", "push", "r.app.v2", "app2"]);
-    alice.ok(&["rpkg", "propose", "r.app.v2"]);
-    alice.ok(&["rpkg", "approve", "r.app.v2"]);
-    alice.ok(&["rpkg", "upgrade", "r.shop.v1", "--workspace", "v2"]);
+    copy_change_publish_and_upgrade(&alice, "r");
     assert!(git(&bare, &["show", "drafts/shop/v2:shop/cm.yaml"]).contains("a: \"2\""));
     alice.ok(&["rpkg", "propose", "r.shop.v2"]);
     alice.ok(&["rpkg", "approve", "r.shop.v2"]);

@@ -75,6 +75,7 @@ pub(crate) fn invocation(operation: &str, annotations: serde_json::Value) -> Inv
     serde_json::from_value(serde_json::json!({
         "operation": operation,
         "requestId": "req-1",
+        "time": "2026-11-22T10:00:00Z",
         "repository": {
             "apiVersion": "config.porch.kpt.dev/v1alpha1",
             "kind": "Repository",
