@@ -97,6 +97,24 @@ fn git(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// The pulled package at `dir` with a set-labels pipeline in its Kptfile
+/// (its rendered status dropped) and a ConfigMap.
+fn add_pipeline_and_config_map(dir: &Path) {
+    let kptfile = std::fs::read_to_string(dir.join("Kptfile")).expect("Kptfile");
+    let kptfile = kptfile
+        .split("status:")
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+        + PIPELINE;
+    std::fs::write(dir.join("Kptfile"), kptfile).expect("write");
+    std::fs::write(
+        dir.join("cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  a: \"1\"\n",
+    )
+    .expect("write");
+}
+
 /// `<repo>.app.v2` copied from v1 with `a: "2"` in its ConfigMap,
 /// published, and `<repo>.shop.v1` (a clone of app v1) upgraded onto it as
 /// `<repo>.shop.v2`.
@@ -155,18 +173,7 @@ fn a_package_from_init_to_deletion_as_a_user_runs_it() {
     alice.ok(&["rpkg", "pull", "blueprints.app.v1", "app"]);
     let kptfile = std::fs::read_to_string(root.join("app/Kptfile")).expect("Kptfile");
     assert!(kptfile.contains("description: the app"), "{kptfile}");
-    let kptfile = kptfile
-        .split("status:")
-        .next()
-        .unwrap_or_default()
-        .to_owned()
-        + PIPELINE;
-    std::fs::write(root.join("app/Kptfile"), kptfile).expect("write");
-    std::fs::write(
-        root.join("app/cm.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  a: \"1\"\n",
-    )
-    .expect("write");
+    add_pipeline_and_config_map(&root.join("app"));
     let pushed = alice.ok(&["rpkg", "push", "blueprints.app.v1", "app"]);
     assert_eq!(pushed.trim(), "blueprints.app.v1: pushed and rendered");
     let cm = git(&bare, &["show", "drafts/app/v1:app/cm.yaml"]);
@@ -597,19 +604,7 @@ fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
         "v1",
     ]);
     alice.ok(&["rpkg", "pull", "r.app.v1", "app"]);
-    let kptfile = std::fs::read_to_string(root.join("app/Kptfile")).expect("Kptfile");
-    let kptfile = kptfile
-        .split("status:")
-        .next()
-        .unwrap_or_default()
-        .to_owned()
-        + PIPELINE;
-    std::fs::write(root.join("app/Kptfile"), kptfile).expect("write");
-    std::fs::write(
-        root.join("app/cm.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  a: \"1\"\n",
-    )
-    .expect("write");
+    add_pipeline_and_config_map(&root.join("app"));
     alice.ok(&["rpkg", "push", "r.app.v1", "app"]);
     assert!(git(&bare, &["show", "drafts/app/v1:app/cm.yaml"]).contains("app: shop"));
     alice.ok(&["rpkg", "propose", "r.app.v1"]);
