@@ -230,6 +230,8 @@ struct App {
     config: Config,
     objects: Objects,
     runner: Runner<AnyStore>,
+    /// Every repository synced already in this command.
+    refreshed: bool,
     _lock: home::Lock,
 }
 
@@ -267,6 +269,7 @@ impl App {
             config,
             objects,
             runner,
+            refreshed: false,
             _lock: lock,
         })
     }
@@ -304,6 +307,9 @@ impl App {
 
     /// Syncs every registered repository (or one), then runs what is due.
     async fn refresh(&mut self, only: Option<&str>) -> anyhow::Result<()> {
+        if self.refreshed {
+            return Ok(());
+        }
         let repositories = self.repositories()?;
         let control = Control {
             runner: &self.runner,
@@ -332,6 +338,7 @@ impl App {
         for step in steps.iter().filter(|s| s.error.is_some()) {
             self.progress(describe(step));
         }
+        self.refreshed = only.is_none();
         Ok(())
     }
 
