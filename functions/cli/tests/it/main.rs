@@ -61,6 +61,22 @@ impl User {
         String::from_utf8_lossy(&output.stderr).into_owned()
     }
 
+    /// `<repository>.<package>.v1` initialised, proposed and approved.
+    fn init_published(&self, repository: &str, package: &str) {
+        let name = format!("{repository}.{package}.v1");
+        self.ok(&[
+            "rpkg",
+            "init",
+            package,
+            "--repository",
+            repository,
+            "--workspace",
+            "v1",
+        ]);
+        self.ok(&["rpkg", "propose", &name]);
+        self.ok(&["rpkg", "approve", &name]);
+    }
+
     /// `rpkg get -o json` as (name, lifecycle, revision, latest).
     fn revisions(&self) -> Vec<(String, String, i64, bool)> {
         let list: serde_json::Value =
@@ -281,17 +297,7 @@ fn bad_input_gets_a_clear_error_and_changes_nothing() {
     let alice = User::new(root, "alice");
     let bare = root.join("r.git");
     alice.ok(&["repo", "add", "r", "./r.git", "--create"]);
-    alice.ok(&[
-        "rpkg",
-        "init",
-        "app",
-        "--repository",
-        "r",
-        "--workspace",
-        "v1",
-    ]);
-    alice.ok(&["rpkg", "propose", "r.app.v1"]);
-    alice.ok(&["rpkg", "approve", "r.app.v1"]);
+    alice.init_published("r", "app");
     alice.ok(&[
         "rpkg",
         "init",
@@ -700,17 +706,7 @@ fn clones_cross_repositories_and_come_from_git_paths() {
         "--create",
         "--deployment",
     ]);
-    alice.ok(&[
-        "rpkg",
-        "init",
-        "app",
-        "--repository",
-        "blueprints",
-        "--workspace",
-        "v1",
-    ]);
-    alice.ok(&["rpkg", "propose", "blueprints.app.v1"]);
-    alice.ok(&["rpkg", "approve", "blueprints.app.v1"]);
+    alice.init_published("blueprints", "app");
 
     alice.ok(&[
         "rpkg",
