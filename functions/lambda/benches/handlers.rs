@@ -29,6 +29,15 @@ use runtime_api::RuntimeApi;
 
 const ITERATIONS: usize = 10;
 
+/// Flows per figure: `ITERATIONS`, or `PORCH_BENCH_ITERATIONS` (more flows
+/// make a profile of the steady state).
+fn iterations() -> usize {
+    std::env::var("PORCH_BENCH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ITERATIONS)
+}
+
 fn git(dir: &Path, args: &[&str]) {
     let status = Command::new("git")
         .args(args)
@@ -238,7 +247,7 @@ fn git_cli(bare: &Path, root: &Path, n: usize) -> Duration {
         ],
     );
     git_cli_flow(&work, "cli-warm");
-    let samples = (0..ITERATIONS)
+    let samples = (0..iterations())
         .map(|i| git_cli_flow(&work, &format!("cli-{i}")))
         .collect();
     median(samples)
@@ -289,7 +298,7 @@ async fn in_process(repo: &Value, cache: &Path, label: &str) -> Duration {
     };
     flow(repo, &format!("{label}-warm"), call).await;
     let mut samples = Vec::new();
-    for i in 0..ITERATIONS {
+    for i in 0..iterations() {
         samples.push(flow(repo, &format!("{label}-{i}"), call).await);
     }
     median(samples)
@@ -313,7 +322,7 @@ async fn over_http(repo: &Value, cache: &Path, label: &str) -> Duration {
     };
     flow(repo, &format!("{label}-warm"), call).await;
     let mut samples = Vec::new();
-    for i in 0..ITERATIONS {
+    for i in 0..iterations() {
         samples.push(flow(repo, &format!("{label}-{i}"), call).await);
     }
     drop(children);
@@ -325,7 +334,7 @@ async fn over_http(repo: &Value, cache: &Path, label: &str) -> Duration {
 async fn start_to_first_outcome(repo: &Value, root: &Path) -> (Duration, Duration) {
     let mut plain = Vec::new();
     let mut with_git = Vec::new();
-    for i in 0..ITERATIONS {
+    for i in 0..iterations() {
         let (api, address) = RuntimeApi::start().await;
         let mut adopt = new_draft("start");
         adopt["metadata"]
@@ -354,11 +363,16 @@ async fn start_to_first_outcome(repo: &Value, root: &Path) -> (Duration, Duratio
 async fn main() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path();
-    println!("Draft -> Proposed -> Published of a small package, median of {ITERATIONS} flows:");
+    println!(
+        "Draft -> Proposed -> Published of a small package, median of {} flows:",
+        iterations()
+    );
     println!(
         "| packages in the repository | in-process | over HTTP (Lambda Runtime API) | git CLI, same git work |"
     );
     println!("|---|---|---|---|");
+    // PORCH_BENCH_IN_PROCESS_ONLY=1: the in-process flows alone (for profiling)
+    let in_process_only = std::env::var_os("PORCH_BENCH_IN_PROCESS_ONLY").is_some();
     let mut figures = Vec::new();
     for n in [10usize, 10_000] {
         let started = Instant::now();
@@ -369,10 +383,17 @@ async fn main() {
         );
         let repo = repository_object(&bare);
         let local = in_process(&repo, &root.join(format!("cache-in-{n}")), "in").await;
+        if in_process_only {
+            println!("| {n} | {} | — | — |", ms(local));
+            continue;
+        }
         let http = over_http(&repo, &root.join(format!("cache-http-{n}")), "http").await;
         let cli = git_cli(&bare, root, n);
         println!("| {n} | {} | {} | {} |", ms(local), ms(http), ms(cli));
         figures.push((local, http, cli));
+    }
+    if in_process_only {
+        return;
     }
     let ratio = |a: Duration, b: Duration| b.as_secs_f64() / a.as_secs_f64();
     println!(

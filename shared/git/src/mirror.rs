@@ -91,7 +91,6 @@ pub fn ref_changes(
     before: &BTreeMap<String, ObjectId>,
     after: &BTreeMap<String, ObjectId>,
 ) -> Vec<RefUpdate> {
-    let mirrored = |name: &str| name.starts_with("refs/heads/") || name.starts_with("refs/tags/");
     let mut updates = Vec::new();
     for (name, id) in after {
         if mirrored(name) && before.get(name) != Some(id) {
@@ -112,6 +111,11 @@ pub fn ref_changes(
         }
     }
     updates
+}
+
+/// Whether a ref is one a mirror keeps in step with its remote.
+fn mirrored(name: &str) -> bool {
+    name.starts_with("refs/heads/") || name.starts_with("refs/tags/")
 }
 
 /// A bare repository in local storage kept as a mirror of `remote`.
@@ -215,10 +219,15 @@ impl<R: Remote> Mirror<R> {
             let (path, op) = (self.path.clone(), Arc::clone(&op));
             let local = tokio::task::spawn_blocking(move || {
                 let repo = GitRepo::open(&path)?;
-                let before = repo.try_refs_unpeeled()?;
                 let value = op(&repo)?;
-                let after = repo.try_refs_unpeeled()?;
-                Ok::<_, OperationError>((value, ref_changes(&before, &after)))
+                // what the operation changed, from its own ref updates (all
+                // compare-and-swaps on this handle): no listing of every ref
+                let updates: Vec<RefUpdate> = repo
+                    .take_ref_changes()
+                    .into_iter()
+                    .filter(|u| mirrored(&u.name))
+                    .collect();
+                Ok::<_, OperationError>((value, updates))
             })
             .await
             .map_err(|e| MirrorError::Task(e.to_string()))?;

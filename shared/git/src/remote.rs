@@ -262,16 +262,10 @@ impl LocalRemote {
 
     /// Copies the objects `from` has and `to` lacks for `tips`.
     fn copy_objects(from: &GitRepo, to: &GitRepo, tips: &[ObjectId]) -> Result<(), RepoError> {
-        let tips: Vec<ObjectId> = tips
-            .iter()
-            .copied()
-            .filter(|t| !to.has_object(*t))
-            .collect();
-        if tips.is_empty() {
+        let ids = from.objects_missing_from(tips, to)?;
+        if ids.is_empty() {
             return Ok(());
         }
-        let known: Vec<ObjectId> = to.try_refs_unpeeled()?.into_values().collect();
-        let ids = from.missing_objects(&tips, &known)?;
         let pack = from.write_pack(&ids)?;
         to.index_pack(&pack.bytes)?;
         Ok(())
@@ -296,16 +290,27 @@ impl Remote for LocalRemote {
                 let read = || -> Result<RemoteRefs, RemoteError> {
                     let from = GitRepo::open(&source)?;
                     let to = GitRepo::open(&mirror)?;
-                    let refs: RemoteRefs = from
-                        .try_refs_unpeeled()?
-                        .into_iter()
-                        .filter(|(n, _)| {
-                            n.starts_with("refs/heads/") || n.starts_with("refs/tags/")
-                        })
+                    let mirrored = |refs: BTreeMap<String, ObjectId>| -> RemoteRefs {
+                        refs.into_iter()
+                            .filter(|(n, _)| {
+                                n.starts_with("refs/heads/") || n.starts_with("refs/tags/")
+                            })
+                            .collect()
+                    };
+                    // as a git server's advertisement: every ref is listed,
+                    // but only the objects of refs that moved are looked at
+                    let refs = mirrored(from.try_refs_unpeeled()?);
+                    let current = mirrored(to.try_refs_unpeeled()?);
+                    if refs == current {
+                        return Ok(refs);
+                    }
+                    let tips: Vec<ObjectId> = refs
+                        .iter()
+                        .filter(|(name, id)| current.get(*name) != Some(id))
+                        .map(|(_, id)| *id)
                         .collect();
-                    let tips: Vec<ObjectId> = refs.values().copied().collect();
                     Self::copy_objects(&from, &to, &tips)?;
-                    to.mirror_refs(&refs)?;
+                    to.mirror_refs_from(&current, &refs)?;
                     Ok(refs)
                 };
                 match read() {

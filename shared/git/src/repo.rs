@@ -12,6 +12,11 @@ use gix::refs::{FullName, Target};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// Whether a ref is a branch or a tag (what a mirror keeps in step).
+fn mirrored(name: &str) -> bool {
+    name.starts_with("refs/heads/") || name.starts_with("refs/tags/")
+}
+
 /// A package's files: slash paths relative to the package root → contents.
 pub type Files = BTreeMap<String, Vec<u8>>;
 
@@ -104,6 +109,10 @@ pub struct CommitInfo {
 /// A git repository on local disk.
 pub struct GitRepo {
     pub(crate) repo: gix::Repository,
+    /// Every compare-and-swap ref update made through this handle, in
+    /// order: what an operation changed, without listing every ref before
+    /// and after it.
+    journal: std::cell::RefCell<Vec<RefUpdate>>,
 }
 
 impl std::fmt::Debug for GitRepo {
@@ -140,7 +149,10 @@ impl GitRepo {
                 path: path.display().to_string(),
                 source: Box::new(e),
             })?;
-        Ok(Self { repo })
+        Ok(Self {
+            repo,
+            journal: std::cell::RefCell::new(Vec::new()),
+        })
     }
 
     /// Writes a tree holding exactly `files`.
@@ -304,10 +316,12 @@ impl GitRepo {
 
     /// Every file entry (path, blob id) in the tree of `commit`.
     fn blobs(&self, commit: ObjectId) -> Result<Vec<(String, ObjectId)>, RepoError> {
-        let tree = self
-            .repo
-            .find_tree(self.tree_of(commit)?)
-            .map_err(git("find a tree"))?;
+        self.blobs_under(self.tree_of(commit)?)
+    }
+
+    /// Every file under `tree`, with paths relative to it.
+    fn blobs_under(&self, tree: ObjectId) -> Result<Vec<(String, ObjectId)>, RepoError> {
+        let tree = self.repo.find_tree(tree).map_err(git("find a tree"))?;
         let mut recorder = gix::traverse::tree::Recorder::default();
         tree.traverse()
             .breadthfirst(&mut recorder)
@@ -321,24 +335,30 @@ impl GitRepo {
     }
 
     /// The files under `dir` (slashes trimmed; empty for the whole tree) in
-    /// the tree of `commit`, keyed relative to `dir`.
+    /// the tree of `commit`, keyed relative to `dir`. Only `dir`'s subtree
+    /// is walked, not the rest of the repository.
     ///
     /// # Errors
     /// No such commit, or an unreadable object.
     pub fn read_files(&self, commit: ObjectId, dir: &str) -> Result<Files, RepoError> {
         let dir = dir.trim_matches('/');
-        let prefix = if dir.is_empty() {
-            String::new()
+        let root = self.tree_of(commit)?;
+        let subtree = if dir.is_empty() {
+            root
         } else {
-            format!("{dir}/")
+            let tree = self.repo.find_tree(root).map_err(git("find a tree"))?;
+            match tree
+                .lookup_entry_by_path(dir)
+                .map_err(git("look up a path"))?
+            {
+                Some(entry) if entry.mode().is_tree() => entry.object_id(),
+                _ => return Ok(Files::new()),
+            }
         };
         let mut files = Files::new();
-        for (path, id) in self.blobs(commit)? {
-            let Some(relative) = path.strip_prefix(prefix.as_str()) else {
-                continue;
-            };
+        for (path, id) in self.blobs_under(subtree)? {
             let blob = self.repo.find_blob(id).map_err(git("read a blob"))?;
-            files.insert(relative.to_owned(), blob.data.clone());
+            files.insert(path, blob.data.clone());
         }
         Ok(files)
     }
@@ -516,7 +536,22 @@ impl GitRepo {
                 },
             }
         })?;
+        self.journal.borrow_mut().extend_from_slice(updates);
         Ok(())
+    }
+
+    /// The net effect of the ref updates made through this handle since it
+    /// was opened (or last asked), as compare-and-swap updates from the
+    /// values before the first to the values after the last; refs that
+    /// ended where they started are left out. Clears the journal.
+    pub fn take_ref_changes(&self) -> Vec<RefUpdate> {
+        let mut net: BTreeMap<String, RefUpdate> = BTreeMap::new();
+        for update in self.journal.borrow_mut().drain(..) {
+            net.entry(update.name.clone())
+                .and_modify(|u| u.new = update.new)
+                .or_insert(update);
+        }
+        net.into_values().filter(|u| u.expected != u.new).collect()
     }
 
     /// Makes the branches and tags exactly `refs` (a mirror of a remote):
@@ -527,24 +562,68 @@ impl GitRepo {
     /// # Errors
     /// A bad ref name, or a failed ref write.
     pub fn mirror_refs(&self, refs: &BTreeMap<String, ObjectId>) -> Result<(), RepoError> {
-        let mirrored =
-            |name: &str| name.starts_with("refs/heads/") || name.starts_with("refs/tags/");
         let current: BTreeMap<String, ObjectId> = self
             .try_refs_unpeeled()?
             .into_iter()
             .filter(|(n, _)| mirrored(n))
             .collect();
-        if &current == refs {
+        self.mirror_refs_from(&current, refs)
+    }
+
+    /// [`GitRepo::mirror_refs`] for a caller that has just listed the
+    /// branches and tags (`current`): a few changes are written as loose
+    /// refs, many as one packed-refs file.
+    ///
+    /// # Errors
+    /// A bad ref name, or a failed ref write.
+    pub fn mirror_refs_from(
+        &self,
+        current: &BTreeMap<String, ObjectId>,
+        refs: &BTreeMap<String, ObjectId>,
+    ) -> Result<(), RepoError> {
+        /// Changes written one loose ref each; more rewrite packed-refs.
+        const FEW: usize = 64;
+        if current == refs {
             return Ok(());
         }
-        for name in refs.keys() {
-            FullName::try_from(name.as_str()).map_err(git("parse a ref name"))?;
+        let mut edits = Vec::new();
+        for (name, id) in refs {
+            let full = FullName::try_from(name.as_str()).map_err(git("parse a ref name"))?;
             if !mirrored(name) {
                 return Err(RepoError::Git {
                     step: "mirror the remote's refs",
                     source: format!("{name} is not a branch or tag").into(),
                 });
             }
+            if current.get(name) != Some(id) && edits.len() <= FEW {
+                edits.push(RefEdit {
+                    change: Change::Update {
+                        log: LogChange::default(),
+                        expected: PreviousValue::Any,
+                        new: Target::Object(*id),
+                    },
+                    name: full,
+                    deref: false,
+                });
+            }
+        }
+        for name in current.keys().filter(|n| !refs.contains_key(*n)) {
+            if edits.len() > FEW {
+                break;
+            }
+            edits.push(RefEdit {
+                change: Change::Delete {
+                    expected: PreviousValue::Any,
+                    log: RefLog::AndReference,
+                },
+                name: FullName::try_from(name.as_str()).map_err(git("parse a ref name"))?,
+                deref: false,
+            });
+        }
+        // a loose ref that cannot be written (a file where a directory
+        // must go) is settled by the whole rewrite below
+        if edits.len() <= FEW && self.repo.edit_references(edits).is_ok() {
+            return Ok(());
         }
         // One packed-refs file written whole, then the loose branch and tag
         // files removed: a mirror of a large remote would otherwise create

@@ -287,3 +287,103 @@ fn a_real_receive_pack_advertisement_parses() {
         );
     }
 }
+
+/// The objects a pack for a new commit holds are exactly what git lists
+/// as new (`git rev-list --objects new ^old`), with names that sort
+/// around a directory of the same stem (`a`, `a.b`, `a-c`, `a/`).
+#[test]
+fn missing_objects_are_what_git_lists_as_new() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let who = orchestrator();
+    let files = |pairs: &[(&str, &str)]| -> Files {
+        pairs
+            .iter()
+            .map(|(p, c)| ((*p).to_owned(), c.as_bytes().to_vec()))
+            .collect()
+    };
+    let old_tree = repo
+        .write_files(&files(&[
+            ("a.b", "1"),
+            ("a-c", "2"),
+            ("a/x", "3"),
+            ("a/y/z", "4"),
+            ("ab", "5"),
+            ("b", "6"),
+        ]))
+        .expect("tree");
+    let old = repo
+        .commit(old_tree, &[], "old", &who, &committer(), 0)
+        .expect("commit");
+    let new_tree = repo
+        .write_files(&files(&[
+            ("a.b", "1 changed"),
+            ("a-c", "2"),
+            ("a/x", "3 changed"),
+            ("a/y/z", "4"),
+            ("ab", "5"),
+            ("b", "6"),
+            ("c/new", "7"),
+        ]))
+        .expect("tree");
+    let new = repo
+        .commit(new_tree, &[old], "new", &who, &committer(), 0)
+        .expect("commit");
+    let mut ours: Vec<String> = repo
+        .missing_objects(&[new], &[old])
+        .expect("objects")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    ours.sort();
+    let listed = git(
+        dir.path(),
+        &[
+            "rev-list",
+            "--objects",
+            &new.to_string(),
+            &format!("^{old}"),
+        ],
+    );
+    let mut theirs: Vec<String> = listed
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect();
+    theirs.sort();
+    assert_eq!(ours, theirs);
+    // commit, root tree, a/, a/x, a.b, c/, c/new: unchanged a/y not sent
+    assert_eq!(ours.len(), 7);
+}
+
+/// A handle reports the net effect of its ref updates: a ref created then
+/// moved is one creation; a ref created and deleted again is nothing.
+#[test]
+fn a_handle_reports_its_net_ref_changes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let tree = repo.write_files(&package()).expect("tree");
+    let one = repo
+        .commit(tree, &[], "1", &orchestrator(), &committer(), 0)
+        .expect("commit");
+    let two = repo
+        .commit(tree, &[one], "2", &orchestrator(), &committer(), 0)
+        .expect("commit");
+    repo.update_ref("refs/heads/kept", None, Some(one))
+        .expect("create");
+    repo.update_ref("refs/heads/kept", Some(one), Some(two))
+        .expect("move");
+    repo.update_ref("refs/heads/gone", None, Some(one))
+        .expect("create");
+    repo.update_ref("refs/heads/gone", Some(one), None)
+        .expect("delete");
+    let changes = repo.take_ref_changes();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].name, "refs/heads/kept");
+    assert_eq!(changes[0].expected, None);
+    assert_eq!(changes[0].new, Some(two));
+    assert!(repo.take_ref_changes().is_empty(), "the journal is cleared");
+    // a failed compare-and-swap is not recorded
+    assert!(repo.update_ref("refs/heads/kept", Some(one), None).is_err());
+    assert!(repo.take_ref_changes().is_empty());
+}
