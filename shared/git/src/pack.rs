@@ -61,6 +61,45 @@ impl GitRepo {
         self.repo.has_object(id)
     }
 
+    /// Writes `ids` into `to` as loose objects (ids `to` has are skipped):
+    /// for a few objects, cheaper than a pack and its index. Blobs first,
+    /// then trees, commits and tags last, so a reader that sees an object
+    /// finds what it points to.
+    ///
+    /// # Errors
+    /// An object missing here, or a failed write.
+    pub fn copy_loose(&self, ids: &[ObjectId], to: &GitRepo) -> Result<(), RepoError> {
+        use gix::objs::Write as _;
+        let mut objects = Vec::with_capacity(ids.len());
+        for id in ids {
+            if to.has_object(*id) {
+                continue;
+            }
+            let object = self.repo.find_object(*id).map_err(|e| RepoError::Git {
+                step: "read an object to copy",
+                source: Box::new(e),
+            })?;
+            let rank = match object.kind {
+                gix::objs::Kind::Blob => 0,
+                gix::objs::Kind::Tree => 1,
+                gix::objs::Kind::Commit => 2,
+                gix::objs::Kind::Tag => 3,
+            };
+            objects.push((rank, object.kind, object.detach().data));
+        }
+        objects.sort_by_key(|(rank, _, _)| *rank);
+        for (_, kind, data) in objects {
+            to.repo
+                .objects
+                .write_buf(kind, &data)
+                .map_err(|e| RepoError::Git {
+                    step: "write a copied object",
+                    source: e.into(),
+                })?;
+        }
+        Ok(())
+    }
+
     /// The ids of the objects reachable from `tips` and not from `known`
     /// (tips the other side has; ids missing here are ignored).
     ///
@@ -373,19 +412,31 @@ impl GitRepo {
     /// # Errors
     /// A malformed or truncated pack, or a failed write.
     pub fn index_pack(&self, pack: &[u8]) -> Result<Option<IndexedPack>, RepoError> {
-        if pack.len() >= 12 && pack[8..12] == [0, 0, 0, 0] {
-            return Ok(None);
-        }
         let directory = self.repo.objects.store_ref().path().join("pack");
         std::fs::create_dir_all(&directory).map_err(|e| RepoError::Git {
             step: "create objects/pack",
             source: Box::new(e),
         })?;
+        Self::index_pack_into(pack, &directory)
+    }
+
+    /// Writes `pack` with its index into `directory` (which must exist) as
+    /// `pack-<checksum>.pack` and `.idx`; `None` for an empty pack.
+    ///
+    /// # Errors
+    /// A malformed pack, or a failed write.
+    pub fn index_pack_into(
+        pack: &[u8],
+        directory: &std::path::Path,
+    ) -> Result<Option<IndexedPack>, RepoError> {
+        if pack.len() >= 12 && pack[8..12] == [0, 0, 0, 0] {
+            return Ok(None);
+        }
         let interrupt = AtomicBool::new(false);
         let mut reader = std::io::BufReader::new(pack);
         let outcome = gix_pack::Bundle::write_to_directory(
             &mut reader,
-            Some(&directory),
+            Some(directory),
             &mut Discard,
             &interrupt,
             None::<gix::objs::find::Never>,

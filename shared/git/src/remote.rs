@@ -262,9 +262,16 @@ impl LocalRemote {
 
     /// Copies the objects `from` has and `to` lacks for `tips`.
     fn copy_objects(from: &GitRepo, to: &GitRepo, tips: &[ObjectId]) -> Result<(), RepoError> {
+        /// More objects than this travel as a pack; fewer are written
+        /// loose, so a repository that takes one small change at a time
+        /// does not collect a pack (and an index to search) per change.
+        const LOOSE_AT_MOST: usize = 256;
         let ids = from.objects_missing_from(tips, to)?;
         if ids.is_empty() {
             return Ok(());
+        }
+        if ids.len() <= LOOSE_AT_MOST {
+            return from.copy_loose(&ids, to);
         }
         let pack = from.write_pack(&ids)?;
         to.index_pack(&pack.bytes)?;

@@ -44,6 +44,10 @@ const SAVE_ATTEMPTS: usize = 64;
 
 const STATE_FILE: &str = "porch-snapshot.json";
 
+/// Where a pack to upload is indexed, inside the mirror's directory but
+/// outside its object database.
+const UPLOAD_DIR: &str = "porch-upload";
+
 /// A pack replaced by compaction, deleted after [`RETIRE_GRACE`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -218,6 +222,11 @@ struct LocalState {
     /// are the snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     synced_refs: Option<BTreeMap<String, String>>,
+    /// Packs of the manifest whose objects the mirror holds although their
+    /// files are not in it (packs this process wrote and uploaded): a load
+    /// does not download them.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    held_packs: BTreeSet<String>,
 }
 
 fn from_hex_map(map: &BTreeMap<String, String>) -> BTreeMap<String, ObjectId> {
@@ -232,14 +241,17 @@ impl LocalState {
         manifest: &Manifest,
         refs: &BTreeMap<String, ObjectId>,
         synced: &BTreeMap<String, ObjectId>,
+        mut held: BTreeSet<String>,
     ) -> Self {
         let refs = hex_map(refs);
         let synced = hex_map(synced);
+        held.retain(|p| manifest.packs.contains(p));
         Self {
             etag: etag.0.clone(),
             synced_refs: (synced != refs).then_some(synced),
             refs,
             manifest: manifest.clone(),
+            held_packs: held,
         }
     }
 
@@ -454,6 +466,10 @@ impl<S: ObjectStore> Snapshots<S> {
     /// from the remote), store errors.
     pub async fn load(&self) -> Result<LoadOutcome, SnapshotError> {
         let state = self.read_state();
+        let held = state
+            .as_ref()
+            .map(|s| s.held_packs.clone())
+            .unwrap_or_default();
         let known = state.as_ref().map(|s| ETag(s.etag.clone()));
         let (manifest, etag, mut bytes_read, refs) = match self
             .store
@@ -499,7 +515,7 @@ impl<S: ObjectStore> Snapshots<S> {
         bytes_read += self.load_discovery_cache().await?;
         let mut packs_downloaded = 0;
         for pack in &manifest.packs {
-            if !self.local_pack(pack, "idx").exists() {
+            if !held.contains(pack) && !self.local_pack(pack, "idx").exists() {
                 bytes_read += self.download_pack(pack).await?;
                 packs_downloaded += 1;
             }
@@ -519,7 +535,7 @@ impl<S: ObjectStore> Snapshots<S> {
         if let Some(name) = complete {
             return Err(self.corrupt(format!("no pack holds the commit of {name}")));
         }
-        self.write_state(&LocalState::new(&etag, &manifest, &refs, &refs))?;
+        self.write_state(&LocalState::new(&etag, &manifest, &refs, &refs, held))?;
         Ok(LoadOutcome::Loaded(Box::new(Loaded {
             manifest,
             etag,
@@ -695,6 +711,8 @@ impl<S: ObjectStore> Snapshots<S> {
         overwrite: bool,
     ) -> Result<Option<(String, u64)>, SnapshotError> {
         let mirror = self.mirror.clone();
+        let scratch_dir = self.mirror.join(UPLOAD_DIR);
+        let scratch = scratch_dir.clone();
         let indexed = tokio::task::spawn_blocking(move || {
             let repo = GitRepo::open(&mirror)?;
             let ids = repo.missing_objects(&tips, &known)?;
@@ -702,7 +720,15 @@ impl<S: ObjectStore> Snapshots<S> {
                 return Ok::<_, RepoError>(None);
             }
             let pack = repo.write_pack(&ids)?;
-            Ok(repo.index_pack(&pack.bytes)?.map(|p| p.checksum))
+            // indexed beside the mirror, not into it: the mirror has these
+            // objects already, and one more pack per save would make every
+            // object lookup search one more index
+            let _ = std::fs::remove_dir_all(&scratch);
+            std::fs::create_dir_all(&scratch).map_err(|e| RepoError::Git {
+                step: "create a scratch directory",
+                source: Box::new(e),
+            })?;
+            Ok(GitRepo::index_pack_into(&pack.bytes, &scratch)?.map(|p| p.checksum))
         })
         .await
         .map_err(|e| SnapshotError::Task(e.to_string()))??;
@@ -712,7 +738,7 @@ impl<S: ObjectStore> Snapshots<S> {
         let name = checksum.to_string();
         let mut written = 0u64;
         for ext in ["pack", "idx"] {
-            let path = self.local_pack(&name, ext);
+            let path = scratch_dir.join(format!("pack-{name}.{ext}"));
             let body = std::fs::read(&path).map_err(Self::io("read", &path))?;
             written += u64::try_from(body.len()).unwrap_or(u64::MAX);
             let condition = if overwrite {
@@ -730,6 +756,7 @@ impl<S: ObjectStore> Snapshots<S> {
                 Err(e) => return Err(e.into()),
             }
         }
+        let _ = std::fs::remove_dir_all(&scratch_dir);
         Ok(Some((name, written)))
     }
 
@@ -819,7 +846,7 @@ impl<S: ObjectStore> Snapshots<S> {
                     PutCondition::IfMatch(etag) => etag,
                     _ => ETag(String::new()),
                 };
-                self.remember(&manifest, &etag, &refs, &ours)?;
+                self.remember(&manifest, &etag, &refs, &ours, None)?;
                 return Ok(Saved {
                     etag,
                     pack: None,
@@ -887,7 +914,8 @@ impl<S: ObjectStore> Snapshots<S> {
             match self.store.put(&self.manifest_key(), body, condition).await {
                 Ok(etag) => {
                     bytes_written += size;
-                    self.remember(&manifest, &etag, &refs, &ours)?;
+                    let pack = uploaded.as_ref().map(|(p, _)| p.as_str());
+                    self.remember(&manifest, &etag, &refs, &ours, pack)?;
                     for base in expired_bases {
                         if manifest.base.as_ref() != Some(&base) {
                             let _ = self.store.delete(&self.base_key(&base)).await;
@@ -941,8 +969,16 @@ impl<S: ObjectStore> Snapshots<S> {
         etag: &ETag,
         refs: &BTreeMap<String, ObjectId>,
         ours: &BTreeMap<String, ObjectId>,
+        uploaded: Option<&str>,
     ) -> Result<(), SnapshotError> {
-        self.write_state(&LocalState::new(etag, manifest, refs, ours))
+        let mut held = self
+            .memory()
+            .state
+            .as_ref()
+            .map(|s| s.held_packs.clone())
+            .unwrap_or_default();
+        held.extend(uploaded.map(str::to_owned));
+        self.write_state(&LocalState::new(etag, manifest, refs, ours, held))
     }
 
     /// One pack of everything the manifest's refs reach, if the mirror has
@@ -1012,6 +1048,7 @@ impl<S: ObjectStore> Snapshots<S> {
                 manifest,
                 refs: BTreeMap::new(),
                 synced_refs: None,
+                held_packs: BTreeSet::new(),
             })?;
         }
         self.save_inner(remote.url(), true).await

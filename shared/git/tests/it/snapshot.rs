@@ -145,6 +145,19 @@ async fn save_and_load_between_mirrors<S: ObjectStore + Clone>(store: S) {
     assert!(next.bytes_read < 8 * 1024, "read {} bytes", next.bytes_read);
     assert_eq!(show_refs(b.mirror()), show_refs(&up));
     fsck(b.mirror());
+    // the writer keeps no copy of the pack it uploaded (it has the
+    // objects), and does not download it back
+    let name = saved.pack.as_deref().expect("pack");
+    assert!(
+        !a.mirror()
+            .join(format!("objects/pack/pack-{name}.idx"))
+            .exists()
+    );
+    let LoadOutcome::Loaded(own) = a.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(own.packs_downloaded, 0);
+    fsck(a.mirror());
 
     // a save with nothing new writes nothing but keeps the tag
     let unchanged = a.save(remote.url()).await.expect("save");
