@@ -523,16 +523,14 @@ impl<S: ObjectStore + Clone + 'static> Control<'_, S> {
 
 /// The upstream a clone names.
 fn upstream_of(pr: &PackageRevision, all: &[PackageRevision]) -> Option<PackageRevision> {
-    let name = pr
-        .spec
-        .source
-        .as_ref()?
-        .clone_from
-        .as_ref()?
-        .upstream_ref
-        .as_ref()?
-        .name
-        .clone();
+    // a clone's upstream, or the new upstream of an upgrade (its old
+    // upstream lives in the same repository)
+    let source = pr.spec.source.as_ref()?;
+    let name = match (&source.clone_from, &source.upgrade) {
+        (Some(clone), _) => clone.upstream_ref.as_ref()?.name.clone(),
+        (None, Some(upgrade)) => upgrade.new_upstream.name.clone(),
+        (None, None) => return None,
+    };
     all.iter()
         .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
         .cloned()

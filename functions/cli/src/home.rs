@@ -40,6 +40,10 @@ pub struct RepoEntry {
     pub directory: String,
     #[serde(default)]
     pub deployment: bool,
+    /// The Secret (under the config directory's `secrets/`) holding the
+    /// credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
     pub uid: String,
 }
 
@@ -56,10 +60,58 @@ impl RepoEntry {
             "spec": {
                 "type": "git",
                 "deployment": self.deployment,
-                "git": {"repo": self.url, "branch": self.branch, "directory": self.directory}
+                "git": {
+                    "repo": self.url,
+                    "branch": self.branch,
+                    "directory": self.directory,
+                    "secretRef": self.secret.as_ref().map(|name| serde_json::json!({"name": name})),
+                }
             }
         }))?)
     }
+}
+
+/// Where the Secrets repositories and clones name live:
+/// `<config-dir>/secrets/<namespace>/<name>/<key>`.
+pub fn secrets_dir(config_dir: &Path) -> PathBuf {
+    config_dir.join("secrets")
+}
+
+/// Writes Secret `name` of `namespace` with `keys`, readable by the owner
+/// only, replacing what it held.
+///
+/// # Errors
+/// A bad name; the file system.
+pub fn write_secret(
+    config_dir: &Path,
+    namespace: &str,
+    name: &str,
+    keys: &[(&str, &str)],
+) -> anyhow::Result<PathBuf> {
+    porch_api::naming::validate_label("secret name", name)?;
+    let dir = secrets_dir(config_dir).join(namespace).join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    restrict(&dir, 0o700)?;
+    for (key, value) in keys {
+        let path = dir.join(key);
+        std::fs::write(&path, value)?;
+        restrict(&path, 0o600)?;
+    }
+    Ok(dir)
+}
+
+#[cfg(unix)]
+fn restrict(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+#[cfg(not(unix))]
+fn restrict(_path: &Path, _mode: u32) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// The CLI's configuration file.

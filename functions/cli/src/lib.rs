@@ -7,7 +7,7 @@ pub mod cluster;
 pub mod home;
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,6 +21,7 @@ use porch_api::{
     RENDER_REQUEST_ANNOTATION,
 };
 use porch_engine::runner::Runner;
+use porch_engine::secrets::SecretDirectory;
 use porch_git::repo::{Files, GitRepo};
 use porch_git::s3::{AnyStore, S3Options, S3Store};
 use porch_git::store::LocalDirStore;
@@ -77,6 +78,10 @@ pub enum Command {
     /// Work with package revisions.
     #[command(subcommand)]
     Rpkg(RpkgCommand),
+    /// Keep git credentials that repositories and clones name with
+    /// `--secret`.
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// A short tour: a new bare repository under DIR, a package drafted,
     /// rendered, proposed, approved and copied (state under DIR too unless
     /// --config-dir / --cache-dir say otherwise).
@@ -103,11 +108,31 @@ pub enum RepoCommand {
         /// Create the bare repository when the path does not exist.
         #[arg(long)]
         create: bool,
+        /// The Secret holding the credentials (see `porch secret set`).
+        #[arg(long)]
+        secret: Option<String>,
     },
     /// The registered repositories.
     List,
     /// Unregister a repository (git is left alone).
     Rm { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SecretCommand {
+    /// Store credentials as Secret NAME: `--username` with the password on
+    /// standard input, or `--bearer-token` with the token on standard input.
+    Set {
+        name: String,
+        #[arg(
+            long,
+            conflicts_with = "bearer_token",
+            required_unless_present = "bearer_token"
+        )]
+        username: Option<String>,
+        #[arg(long)]
+        bearer_token: bool,
+    },
 }
 
 /// How `rpkg get` prints.
@@ -158,6 +183,9 @@ pub enum RpkgCommand {
         /// For a git upstream: the package's directory.
         #[arg(long, default_value = "")]
         directory: String,
+        /// For a git upstream: the Secret holding the credentials.
+        #[arg(long)]
+        secret: Option<String>,
     },
     /// A new draft of a package from one of its published revisions.
     Copy {
@@ -262,7 +290,11 @@ impl App {
             None => AnyStore::Local(LocalDirStore::new(cache_dir.join("snapshots"))),
         };
         let functions = Arc::new(Runtimes::new().with(Arc::new(BuiltinRuntime::catalog())));
-        let runner = Runner::new(cache_dir.join("mirrors"), functions).with_store(store);
+        let runner = Runner::new(cache_dir.join("mirrors"), functions)
+            .with_store(store)
+            .with_secrets(Arc::new(SecretDirectory::new(home::secrets_dir(
+                &config_dir,
+            ))));
         Ok(App {
             global,
             config_dir,
@@ -526,10 +558,13 @@ pub fn message(error: &anyhow::Error) -> String {
 /// # Errors
 /// Whatever the command fails on, with a message for the user.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    // each command's future boxed: together they nest too deep for the
+    // compiler's layout of one state machine
     match cli.command {
-        Command::Repo(command) => repo(cli.global, command).await,
-        Command::Rpkg(command) => rpkg(cli.global, command).await,
-        Command::Demo { dir } => demo(cli.global, &dir).await,
+        Command::Repo(command) => Box::pin(repo(cli.global, command)).await,
+        Command::Rpkg(command) => Box::pin(rpkg(cli.global, command)).await,
+        Command::Secret(command) => secret(&cli.global, command),
+        Command::Demo { dir } => Box::pin(demo(cli.global, &dir)).await,
     }
 }
 
@@ -582,6 +617,7 @@ async fn demo(global: Global, dir: &Path) -> anyhow::Result<()> {
             directory: String::new(),
             deployment: false,
             create: true,
+            secret: None,
         },
     )
     .await?;
@@ -662,6 +698,37 @@ async fn demo(global: Global, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn secret(global: &Global, command: SecretCommand) -> anyhow::Result<()> {
+    let SecretCommand::Set {
+        name,
+        username,
+        bearer_token,
+    } = command;
+    let config_dir = global
+        .config_dir
+        .clone()
+        .unwrap_or_else(home::default_config_dir);
+    std::fs::create_dir_all(&config_dir)?;
+    let _lock = home::lock(&config_dir)?;
+    let mut value = String::new();
+    std::io::stdin()
+        .lock()
+        .take(64 << 10)
+        .read_line(&mut value)
+        .context("reading the secret value from standard input")?;
+    let value = value.trim_end_matches(['\n', '\r']);
+    if value.is_empty() {
+        bail!("no value on standard input");
+    }
+    let keys: Vec<(&str, &str)> = match (&username, bearer_token) {
+        (Some(user), false) => vec![("username", user.as_str()), ("password", value)],
+        _ => vec![("bearerToken", value)],
+    };
+    let dir = home::write_secret(&config_dir, &global.namespace, &name, &keys)?;
+    out(format_args!("secret {name} stored in {}", dir.display()));
+    Ok(())
+}
+
 async fn repo(global: Global, command: RepoCommand) -> anyhow::Result<()> {
     let mut app = App::open(global).await?;
     match command {
@@ -672,8 +739,12 @@ async fn repo(global: Global, command: RepoCommand) -> anyhow::Result<()> {
             directory,
             deployment,
             create,
+            secret,
         } => {
             porch_api::naming::validate_label("repository name", &name)?;
+            if let Some(secret) = &secret {
+                porch_api::naming::validate_label("secret name", secret)?;
+            }
             porch_api::naming::validate_branch_name(&branch)?;
             porch_api::naming::validate_repo_directory(&directory)?;
             if app.config.find(&name).is_some() {
@@ -686,6 +757,7 @@ async fn repo(global: Global, command: RepoCommand) -> anyhow::Result<()> {
                 branch,
                 directory,
                 deployment,
+                secret,
                 uid: uuid::Uuid::new_v4().to_string(),
             });
             // nothing is registered when the repository cannot be read
@@ -813,6 +885,7 @@ async fn rpkg(global: Global, command: RpkgCommand) -> anyhow::Result<()> {
             workspace,
             reference,
             directory,
+            secret,
         } => {
             let is_git =
                 upstream.contains("://") || upstream.contains('/') || upstream.ends_with(".git");
@@ -823,7 +896,12 @@ async fn rpkg(global: Global, command: RpkgCommand) -> anyhow::Result<()> {
                     format!("file://{}", normalise_url(&upstream, false)?)
                 };
                 porch_api::naming::validate_git_url(&url)?;
-                json!({"cloneFrom": {"git": {"repo": url, "ref": reference, "directory": directory}}})
+                json!({"cloneFrom": {"git": {
+                    "repo": url,
+                    "ref": reference,
+                    "directory": directory,
+                    "secretRef": {"name": secret.unwrap_or_default()},
+                }}})
             } else {
                 app.refresh(None).await?;
                 app.typed(&upstream)?;

@@ -14,6 +14,8 @@
 //! | `PORCH_CACHE_DIR` | `/tmp/porch` | mirrors (Lambda's writable `/tmp`) |
 //! | `PORCH_S3_BUCKET`, `PORCH_S3_PREFIX`, `PORCH_S3_ENDPOINT` | none | the snapshot store; without a bucket, `$PORCH_CACHE_DIR/snapshots` |
 //! | `PORCH_FUNCTION_RUNNER` | none | a function runner's gRPC address for images the builtins do not cover |
+//! | `PORCH_AWS_SECRETS_PREFIX`, `PORCH_AWS_SECRETS_ENDPOINT` | none | git credentials from AWS Secrets Manager: secret `<prefix><namespace>/<name>`, a JSON object (`username`/`password` or `bearerToken`) |
+//! | `PORCH_SECRETS_DIR` | none | git credentials from files `<dir>/<namespace>/<name>/<key>` (a mounted Secret volume); without either, a Repository naming a Secret fails clearly |
 //! | `PORCH_LOG` | `info` | a `tracing` filter; logs are JSON on stderr |
 
 use std::path::PathBuf;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use porch_api::invocation::{Invocation, Operation};
 use porch_engine::runner::Runner;
+use porch_engine::secrets::{AwsSecrets, NoSecrets, SecretDirectory, SecretResolver};
 use porch_git::s3::{AnyStore, S3Options, S3Store};
 use porch_git::store::LocalDirStore;
 use porch_krm::builtins::BuiltinRuntime;
@@ -44,6 +47,19 @@ pub struct Config {
     pub cache_dir: PathBuf,
     pub s3: Option<S3Options>,
     pub function_runner: Option<String>,
+    pub secrets: SecretSource,
+}
+
+/// Where the Secrets that Repositories and clones name are resolved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SecretSource {
+    #[default]
+    None,
+    Directory(PathBuf),
+    AwsSecretsManager {
+        prefix: String,
+        endpoint: Option<String>,
+    },
 }
 
 impl Config {
@@ -64,6 +80,14 @@ impl Config {
                 }
             }),
             function_runner: var("PORCH_FUNCTION_RUNNER"),
+            secrets: match (var("PORCH_AWS_SECRETS_PREFIX"), var("PORCH_SECRETS_DIR")) {
+                (Some(prefix), _) => SecretSource::AwsSecretsManager {
+                    prefix,
+                    endpoint: var("PORCH_AWS_SECRETS_ENDPOINT"),
+                },
+                (None, Some(dir)) => SecretSource::Directory(PathBuf::from(dir)),
+                (None, None) => SecretSource::None,
+            },
         }
     }
 
@@ -92,7 +116,16 @@ impl Config {
                 ClientOptions::default(),
             )));
         }
-        Ok(Runner::new(self.cache_dir.join("mirrors"), Arc::new(functions)).with_store(store))
+        let secrets: Arc<dyn SecretResolver> = match &self.secrets {
+            SecretSource::None => Arc::new(NoSecrets),
+            SecretSource::Directory(dir) => Arc::new(SecretDirectory::new(dir)),
+            SecretSource::AwsSecretsManager { prefix, endpoint } => {
+                Arc::new(AwsSecrets::from_env(prefix.clone(), endpoint.as_deref()).await)
+            }
+        };
+        Ok(Runner::new(self.cache_dir.join("mirrors"), Arc::new(functions))
+            .with_store(store)
+            .with_secrets(secrets))
     }
 }
 

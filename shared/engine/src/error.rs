@@ -18,6 +18,10 @@ pub enum HandlerError {
     /// The snapshot could not be loaded (the store failed).
     #[error("snapshot: {0}")]
     Snapshot(#[from] porch_git::snapshot::SnapshotError),
+    /// The credentials a Repository names could not be resolved (a Secret
+    /// created later, or fixed, helps: retried).
+    #[error("credentials: {0}")]
+    Credentials(String),
     /// A blocking task failed to finish.
     #[error("internal: {0}")]
     Internal(String),
@@ -31,6 +35,7 @@ impl HandlerError {
             HandlerError::Git(_)
             | HandlerError::Repo(_)
             | HandlerError::Snapshot(_)
+            | HandlerError::Credentials(_)
             | HandlerError::Internal(_) => true,
         }
     }

@@ -13,6 +13,7 @@
 //! - [`delete`]: git cleanup of a revision being deleted (spec §4.7).
 //! - [`sync`]: repository discovery into objects to apply and delete (spec §6).
 //! - [`repository`]: a Repository's remote and the handler's mirror of it.
+//! - [`secrets`]: git credentials named by a Secret reference, resolved.
 //! - [`runner`]: one entry point for all of them, with the snapshot around
 //!   the git work.
 
@@ -24,6 +25,7 @@ pub mod lifecycle;
 pub mod render;
 pub mod repository;
 pub mod runner;
+pub mod secrets;
 pub mod source;
 mod status;
 pub mod sync;

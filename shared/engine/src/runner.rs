@@ -36,7 +36,8 @@ use porch_krm::runtime::FunctionRuntime;
 use crate::HandlerError;
 use crate::render::RenderContext;
 use crate::repository::{AnyRemote, mirror_for, repository_key};
-use crate::source::ExternalUpstream;
+use crate::secrets::{NoSecrets, SecretResolver};
+use crate::source::{ExternalSources, ExternalUpstream};
 
 /// What the handlers share across Invocations.
 #[derive(Debug)]
@@ -47,6 +48,7 @@ pub struct Runner<S> {
     retry: RetryPolicy,
     functions: Arc<dyn FunctionRuntime>,
     render_options: RenderOptions,
+    secrets: Arc<dyn SecretResolver>,
     /// One per mirror directory, kept so a warm process reads the manifest
     /// only when it changed.
     snapshots: Mutex<HashMap<PathBuf, Arc<Snapshots<S>>>>,
@@ -63,6 +65,7 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             retry: RetryPolicy::default(),
             functions,
             render_options: RenderOptions::default(),
+            secrets: Arc::new(NoSecrets),
             snapshots: Mutex::new(HashMap::new()),
         }
     }
@@ -89,6 +92,14 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
     #[must_use]
     pub fn with_render_options(mut self, options: RenderOptions) -> Self {
         self.render_options = options;
+        self
+    }
+
+    /// Resolves the Secrets Repositories and clones name for their
+    /// credentials (none without it).
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: Arc<dyn SecretResolver>) -> Self {
+        self.secrets = secrets;
         self
     }
 
@@ -119,7 +130,7 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         let outcome = match invocation.operation {
             Operation::Adopt => crate::adopt::adopt(invocation),
             Operation::Source => {
-                let external = self.external_upstream(invocation).await?;
+                let external = self.external_sources(invocation).await?;
                 crate::source::source_with(invocation, mirror, &now, external).await
             }
             Operation::Render => {
@@ -174,89 +185,144 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         written
     }
 
-    /// The upstream of a clone from another Repository or a git URL, read
-    /// from its own mirror; `None` when the source needs none. A ref or
-    /// directory that does not exist is a refusal (reported in the
-    /// status); an unreachable remote is an error (retried).
-    async fn external_upstream(
+    /// What a source reads outside the draft's repository, each from its
+    /// own mirror: the package at a git URL, published revisions of the
+    /// upstream Repository. A ref or directory that does not exist is a
+    /// refusal (reported in the status); an unreachable remote is an error
+    /// (retried).
+    async fn external_sources(
         &self,
         invocation: &Invocation,
-    ) -> Result<Option<Result<ExternalUpstream, String>>, HandlerError> {
+    ) -> Result<ExternalSources, HandlerError> {
+        let mut sources = ExternalSources::default();
         let Some(pr) = &invocation.package_revision else {
-            return Ok(None);
+            return Ok(sources);
         };
-        let Some(clone) = pr.spec.source.as_ref().and_then(|s| s.clone_from.as_ref()) else {
-            return Ok(None);
-        };
-        if let Some(git) = &clone.git {
-            if let Err(e) = porch_api::naming::validate_git_url(&git.repo) {
-                return Ok(Some(Err(e.to_string())));
-            }
-            if !git.secret_ref.name.is_empty() {
-                return Ok(Some(Err(format!(
-                    "clone with credentials (secretRef {:?}) is not supported yet; register the repository instead",
-                    git.secret_ref.name
-                ))));
-            }
-            let directory = git.directory.trim_matches('/').to_owned();
-            if !directory.is_empty()
-                && let Err(e) = porch_api::naming::validate_package_path(&directory)
-            {
-                return Ok(Some(Err(format!("directory: {e}"))));
-            }
-            let repository = upstream_repository(invocation, &git.repo);
-            let session = self.open(&repository).await?;
-            session.mirror.fetch().await?;
-            let (path, url, reference) = (
-                session.mirror.path().to_path_buf(),
-                git.repo.clone(),
-                git.ref_.clone(),
-            );
-            let read = tokio::task::spawn_blocking(move || {
-                read_at_ref(&path, &url, &reference, &directory)
-            })
-            .await
-            .map_err(|e| HandlerError::Internal(e.to_string()))??;
-            self.close(session).await;
-            return Ok(Some(read));
-        }
-        let (Some(upstream), Some(repository)) =
-            (&invocation.upstream, &invocation.upstream_repository)
-        else {
-            return Ok(None);
-        };
-        if upstream.spec.repository == pr.spec.repository
-            || repository.metadata.name.as_deref() != Some(upstream.spec.repository.as_str())
+        if let Some(git) = pr
+            .spec
+            .source
+            .as_ref()
+            .and_then(|s| s.clone_from.as_ref())
+            .and_then(|c| c.git.as_ref())
         {
-            return Ok(None);
+            sources.git = Some(self.read_git_url(invocation, git).await?);
+        }
+        let Some(repository) = &invocation.upstream_repository else {
+            return Ok(sources);
+        };
+        let Some(repository_name) = repository.metadata.name.as_deref() else {
+            return Ok(sources);
+        };
+        let wanted: Vec<PackageRevision> = ExternalSources::referenced(pr)
+            .iter()
+            .filter_map(|name| {
+                invocation
+                    .upstream
+                    .iter()
+                    .chain(&invocation.related)
+                    .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+            })
+            .filter(|p| {
+                p.spec.repository != pr.spec.repository && p.spec.repository == repository_name
+            })
+            .cloned()
+            .collect();
+        if wanted.is_empty() {
+            return Ok(sources);
         }
         let session = self.open(repository).await?;
         session.mirror.fetch().await?;
         let path = session.mirror.path().to_path_buf();
-        let (upstream, repository) = (upstream.clone(), repository.clone());
+        let repository = repository.clone();
         let read = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
             let repo = GitRepo::open(&path)?;
             let layout = crate::repository::layout_of(&repository);
             let url = repository.spec.git.as_ref().map_or("", |g| g.repo.as_str());
-            Ok(
-                crate::source::read_published(&repo, &layout, url, &upstream)
-                    .map(|(files, lock)| ExternalUpstream { files, lock }),
-            )
+            Ok(wanted
+                .iter()
+                .map(|upstream| {
+                    let name = upstream.metadata.name.clone().unwrap_or_default();
+                    let read = crate::source::read_published(&repo, &layout, url, upstream)
+                        .map(|(files, lock)| ExternalUpstream { files, lock });
+                    (name, read)
+                })
+                .collect())
         })
         .await
         .map_err(|e| HandlerError::Internal(e.to_string()))??;
         self.close(session).await;
-        Ok(Some(read))
+        sources.revisions = read;
+        Ok(sources)
+    }
+
+    /// The package a `cloneFrom.git` names, read through a mirror of its
+    /// URL with the credentials its Secret holds.
+    async fn read_git_url(
+        &self,
+        invocation: &Invocation,
+        git: &porch_api::common::GitPackage,
+    ) -> Result<Result<ExternalUpstream, String>, HandlerError> {
+        if let Err(e) = porch_api::naming::validate_git_url(&git.repo) {
+            return Ok(Err(e.to_string()));
+        }
+        let directory = git.directory.trim_matches('/').to_owned();
+        if !directory.is_empty()
+            && let Err(e) = porch_api::naming::validate_package_path(&directory)
+        {
+            return Ok(Err(format!("directory: {e}")));
+        }
+        let repository = upstream_repository(invocation, &git.repo, &git.secret_ref.name);
+        let options = match self.remote_options(&repository).await {
+            Ok(options) => options,
+            Err(HandlerError::Credentials(e)) => return Ok(Err(e)),
+            Err(e) => return Err(e),
+        };
+        let session = self.open_with(&repository, options).await?;
+        session.mirror.fetch().await?;
+        let (path, url, reference) = (
+            session.mirror.path().to_path_buf(),
+            git.repo.clone(),
+            git.ref_.clone(),
+        );
+        let read =
+            tokio::task::spawn_blocking(move || read_at_ref(&path, &url, &reference, &directory))
+                .await
+                .map_err(|e| HandlerError::Internal(e.to_string()))??;
+        self.close(session).await;
+        Ok(read)
     }
 
     /// The repository's mirror, brought to its snapshot when there is a store.
     async fn open(&self, repository: &Repository) -> Result<Session<S>, HandlerError> {
-        let mirror = mirror_for(
-            repository,
-            &self.cache_root,
-            self.remote_options.clone(),
-            self.retry,
-        )?;
+        let options = self.remote_options(repository).await?;
+        self.open_with(repository, options).await
+    }
+
+    /// How a Repository's remote is reached: with the credentials and CA
+    /// bundle of the Secrets it names.
+    async fn remote_options(&self, repository: &Repository) -> Result<RemoteOptions, HandlerError> {
+        let secret = repository
+            .spec
+            .git
+            .as_ref()
+            .and_then(|g| g.secret_ref.as_ref())
+            .map(|r| r.name.as_str());
+        let namespace = repository
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("default");
+        crate::secrets::remote_options(&*self.secrets, &self.remote_options, namespace, secret)
+            .await
+            .map_err(HandlerError::Credentials)
+    }
+
+    async fn open_with(
+        &self,
+        repository: &Repository,
+        options: RemoteOptions,
+    ) -> Result<Session<S>, HandlerError> {
+        let mirror = mirror_for(repository, &self.cache_root, options, self.retry)?;
         let snapshots = self.snapshots_for(repository, mirror.path())?;
         if let Some(snapshots) = &snapshots {
             match snapshots.prepare(mirror.remote()).await? {
@@ -311,7 +377,7 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
 
 /// A Repository object for a git URL a clone names, so it gets a mirror and
 /// a snapshot of its own.
-fn upstream_repository(invocation: &Invocation, url: &str) -> Repository {
+fn upstream_repository(invocation: &Invocation, url: &str, secret: &str) -> Repository {
     let namespace = invocation
         .repository
         .metadata
@@ -322,7 +388,7 @@ fn upstream_repository(invocation: &Invocation, url: &str) -> Repository {
         "apiVersion": "config.porch.kpt.dev/v1alpha1",
         "kind": "Repository",
         "metadata": {"name": "git-upstream", "namespace": namespace},
-        "spec": {"type": "git", "git": {"repo": url}}
+        "spec": {"type": "git", "git": {"repo": url, "secretRef": (!secret.is_empty()).then(|| serde_json::json!({"name": secret}))}}
     }))
     .unwrap_or_else(|_| invocation.repository.clone())
 }
@@ -342,11 +408,18 @@ fn read_at_ref(
     } else {
         reference
     };
+    // as the reference resolves it: the package's own tag or branch
+    // (`<directory>/<ref>`, so `v1` of directory `app` is tag `app/v1`)
+    // before the plain name, tags before branches
+    let mut names = Vec::new();
+    if !directory.is_empty() {
+        names.push(format!("refs/tags/{directory}/{reference}"));
+        names.push(format!("refs/heads/{directory}/{reference}"));
+    }
+    names.push(format!("refs/tags/{reference}"));
+    names.push(format!("refs/heads/{reference}"));
     let mut commit = None;
-    for name in [
-        format!("refs/tags/{reference}"),
-        format!("refs/heads/{reference}"),
-    ] {
+    for name in names {
         if let Ok(Some(id)) = repo.ref_id(&name) {
             commit = Some(id);
             break;

@@ -9,6 +9,8 @@
 //! and nothing is written to git. Idempotent: the draft commit carries the
 //! revision's uid and generation, and a repeated create finds it.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use porch_api::common::{GitLock, Lifecycle};
 use porch_api::invocation::{Invocation, Operation, Outcome};
@@ -56,6 +58,70 @@ fn find<'a>(invocation: &'a Invocation, name: &str) -> Option<&'a PackageRevisio
 pub struct ExternalUpstream {
     pub files: Files,
     pub lock: GitLock,
+}
+
+/// Everything a source reads outside the draft's repository, each read or
+/// the reason it could not be (reported in the status like any refusal).
+#[derive(Debug, Clone, Default)]
+pub struct ExternalSources {
+    /// The package at the git URL of `cloneFrom.git`.
+    pub git: Option<Result<ExternalUpstream, Refusal>>,
+    /// Published revisions of the upstream Repository by object name: the
+    /// clone's upstream, an upgrade's old and new upstreams.
+    pub revisions: BTreeMap<String, Result<ExternalUpstream, Refusal>>,
+}
+
+impl ExternalSources {
+    /// The names of the revisions a source reads, by object name.
+    pub fn referenced(pr: &PackageRevision) -> Vec<String> {
+        let Some(source) = pr.spec.source.as_ref() else {
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        if let Some(reference) = source
+            .clone_from
+            .as_ref()
+            .and_then(|c| c.upstream_ref.as_ref())
+        {
+            names.push(reference.name.clone());
+        }
+        if let Some(upgrade) = &source.upgrade {
+            names.push(upgrade.old_upstream.name.clone());
+            names.push(upgrade.new_upstream.name.clone());
+        }
+        names.retain(|n| !n.is_empty());
+        names
+    }
+}
+
+/// A published revision's files and lock: read from this repository, or
+/// taken from what the caller read of the upstream Repository.
+fn read_revision(
+    invocation: &Invocation,
+    pr: &PackageRevision,
+    revision: &PackageRevision,
+    repo: &GitRepo,
+    layout: &RepoLayout,
+    external: &ExternalSources,
+) -> Result<(Files, GitLock), Refusal> {
+    let name = revision.metadata.name.as_deref().unwrap_or("");
+    if revision.spec.repository == pr.spec.repository {
+        let url = invocation
+            .repository
+            .spec
+            .git
+            .as_ref()
+            .map_or("", |g| g.repo.as_str());
+        return read_published(repo, layout, url, revision);
+    }
+    match external.revisions.get(name) {
+        Some(Ok(read)) => Ok((read.files.clone(), read.lock.clone())),
+        Some(Err(refusal)) => Err(refusal.clone()),
+        None => Err(format!(
+            "package {name:?} is in repository {:?}, which the invocation does not name",
+            revision.spec.repository
+        )),
+    }
 }
 
 /// The files of a published revision of this repository, read from its tag
@@ -238,7 +304,7 @@ fn compute(
     pr: &PackageRevision,
     repo: &GitRepo,
     layout: &RepoLayout,
-    external: Option<Result<ExternalUpstream, Refusal>>,
+    external: &ExternalSources,
 ) -> Result<(Files, &'static str), Refusal> {
     let source = pr.spec.source.as_ref().ok_or("no source")?;
     let kind = source.creation_source().ok_or("source has no fields set")?;
@@ -295,21 +361,15 @@ fn compute(
                     if !published(upstream) {
                         return Err(format!("upstream package {name:?} must be published"));
                     }
-                    if upstream.spec.repository == pr.spec.repository {
-                        read_published(repo, layout, url, upstream)?
-                    } else {
-                        let external = external.ok_or_else(|| {
-                            format!(
-                                "upstream package {name:?} is in repository {:?}, which the invocation does not name",
-                                upstream.spec.repository
-                            )
-                        })??;
-                        (external.files, external.lock)
-                    }
+                    read_revision(invocation, pr, upstream, repo, layout, external)
+                        .map_err(|e| format!("upstream package: {e}"))?
                 }
                 (None, Some(_)) => {
-                    let external = external.ok_or("the package at the git URL was not read")??;
-                    (external.files, external.lock)
+                    let read = external
+                        .git
+                        .clone()
+                        .ok_or("the package at the git URL was not read")??;
+                    (read.files, read.lock)
                 }
                 _ => return Err("clone needs exactly one of upstreamRef and git".into()),
             };
@@ -364,13 +424,24 @@ fn compute(
                     upgrade.current_package.name, pr.spec.package_name
                 ));
             }
-            for p in [old, new, current] {
-                if p.spec.repository != pr.spec.repository {
-                    return Err("upgrade across repositories is not supported yet".into());
-                }
+            if current.spec.repository != pr.spec.repository {
+                return Err(format!(
+                    "current package: {:?} is in repository {:?}, not {:?}",
+                    upgrade.current_package.name, current.spec.repository, pr.spec.repository
+                ));
             }
-            let (original, _) = read_published(repo, layout, url, old)?;
-            let (updated, lock) = read_published(repo, layout, url, new)?;
+            if old.spec.repository != new.spec.repository
+                || old.spec.package_name != new.spec.package_name
+            {
+                return Err(format!(
+                    "old upstream {:?} and new upstream {:?} must be revisions of one package",
+                    upgrade.old_upstream.name, upgrade.new_upstream.name
+                ));
+            }
+            let (original, _) = read_revision(invocation, pr, old, repo, layout, external)
+                .map_err(|e| format!("old upstream: {e}"))?;
+            let (updated, lock) = read_revision(invocation, pr, new, repo, layout, external)
+                .map_err(|e| format!("new upstream: {e}"))?;
             let (local, _) = read_published(repo, layout, url, current)?;
             let strategy = Strategy::from_name(
                 &upgrade
@@ -403,7 +474,7 @@ pub async fn source<R: Remote + 'static>(
     mirror: &Mirror<R>,
     now: &Time,
 ) -> Result<Outcome, HandlerError> {
-    source_with(invocation, mirror, now, None).await
+    source_with(invocation, mirror, now, ExternalSources::default()).await
 }
 
 /// [`source`] with an upstream outside the repository, read beforehand
@@ -415,7 +486,7 @@ pub async fn source_with<R: Remote + 'static>(
     invocation: &Invocation,
     mirror: &Mirror<R>,
     now: &Time,
-    external: Option<Result<ExternalUpstream, String>>,
+    external: ExternalSources,
 ) -> Result<Outcome, HandlerError> {
     let pr = crate::revision_of(invocation, Operation::Source)?;
     if !planner::is_due(Operation::Source, pr, &invocation.repository) {
@@ -436,7 +507,7 @@ pub async fn source_with<R: Remote + 'static>(
     let (inv, pr_owned, layout_owned) = (invocation.clone(), pr.clone(), layout.clone());
     let computed = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
         let repo = GitRepo::open(&path)?;
-        Ok(compute(&inv, &pr_owned, &repo, &layout_owned, external))
+        Ok(compute(&inv, &pr_owned, &repo, &layout_owned, &external))
     })
     .await
     .map_err(|e| HandlerError::Internal(e.to_string()))??;

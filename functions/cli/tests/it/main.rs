@@ -39,6 +39,35 @@ impl User {
             .expect("porch runs")
     }
 
+    /// Runs with `input` on standard input and expects success; returns
+    /// stdout.
+    fn ok_with_stdin(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_porch"))
+            .args(args)
+            .current_dir(&self.root)
+            .env("PORCH_CONFIG_DIR", &self.config)
+            .env("PORCH_CACHE_DIR", &self.cache)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("porch runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write stdin");
+        let output = child.wait_with_output().expect("porch ends");
+        assert!(
+            output.status.success(),
+            "porch {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     /// Runs and expects success; returns stdout.
     fn ok(&self, args: &[&str]) -> String {
         let output = self.run(args);
@@ -585,6 +614,7 @@ fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
             .arg(script)
             .arg(root.join("served"))
             .arg(git_port.to_string())
+            .env("GIT_TEST_AUTH", "porch:pw-3141")
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("python3 runs the git server"),
@@ -596,7 +626,34 @@ fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
     let url = format!("http://127.0.0.1:{git_port}/r.git");
-    alice.ok(&["repo", "add", "r", &url]);
+    // the server wants credentials: without them, a clear refusal
+    let refused = alice.fails(&["repo", "add", "r", &url]);
+    assert!(refused.contains("401"), "{refused}");
+    assert!(
+        alice
+            .fails(&["repo", "add", "r", &url, "--secret", "nope"])
+            .contains("Secret default/nope: not found")
+    );
+    let stored = alice.ok_with_stdin(
+        &["secret", "set", "git-creds", "--username", "porch"],
+        "pw-3141\n",
+    );
+    assert!(!stored.contains("pw-3141"), "{stored}");
+    let password = alice.config.join("secrets/default/git-creds/password");
+    assert_eq!(
+        std::fs::read_to_string(&password).expect("password"),
+        "pw-3141"
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&password)
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "only the owner reads it: {mode:o}");
+    }
+    alice.ok(&["repo", "add", "r", &url, "--secret", "git-creds"]);
 
     // init → push content → render → propose → approve → copy → push →
     // approve → clone → upgrade → propose-delete → delete

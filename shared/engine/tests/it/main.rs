@@ -9,6 +9,7 @@ mod lifecycle;
 mod render;
 mod repository;
 mod runner;
+mod secrets;
 mod source;
 mod support;
 mod sync;

@@ -9,6 +9,7 @@ use porch_api::invocation::{Invocation, Operation};
 use porch_api::v1alpha2::PackageRevision;
 use porch_engine::repository::repository_key;
 use porch_engine::runner::Runner;
+use porch_git::repo::GitRepo;
 use porch_git::snapshot::Manifest;
 use porch_git::store::{
     ETag, Fetched, LocalDirStore, ObjectStore, PutCondition, StoreError, StoredObject,
@@ -327,6 +328,8 @@ async fn clones_come_from_other_repositories_and_git_urls() -> anyhow::Result<()
         .to_owned();
     for (package, reference) in [
         ("by-tag", "app/v1"),
+        // the package's own tag `<directory>/<ref>` before a plain `v1`
+        ("by-package-tag", "v1"),
         ("by-branch", "main"),
         ("by-commit", commit.as_str()),
     ] {
@@ -368,7 +371,7 @@ async fn clones_come_from_other_repositories_and_git_urls() -> anyhow::Result<()
         ),
         (
             serde_json::json!({"git": {"repo": url, "ref": "main", "directory": "app", "secretRef": {"name": "creds"}}}),
-            "credentials",
+            "Secret default/creds: no secret store is configured",
         ),
     ] {
         let outcome = runner
@@ -384,6 +387,112 @@ async fn clones_come_from_other_repositories_and_git_urls() -> anyhow::Result<()
         git(&deploy.remote, &["for-each-ref"]),
         before,
         "refusals write nothing"
+    );
+    Ok(())
+}
+
+/// A file set of `app` whose ConfigMap carries `version` and `local`.
+fn versioned(version: &str, local: &str) -> crate::support::Files {
+    [
+        ("Kptfile", "apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: app\n".to_owned()),
+        ("cm.yaml", format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm\ndata:\n  version: \"{version}\"\n  local: \"{local}\"\n")),
+    ]
+    .into_iter()
+    .map(|(p, c)| (p.to_owned(), c.into_bytes()))
+    .collect()
+}
+
+#[tokio::test]
+async fn upgrades_take_the_upstream_from_another_repository() -> anyhow::Result<()> {
+    let upstream = empty_repo()?;
+    crate::support::publish(&upstream.mirror, "app", "v1", versioned("1", "no")).await?;
+    crate::support::publish(&upstream.mirror, "app", "v2", versioned("2", "no")).await?;
+    let deploy = empty_repo()?;
+    let tmp = tempfile::tempdir()?;
+    let runner = runner(
+        &tmp.path().join("cache"),
+        LocalDirStore::new(tmp.path().join("store")),
+    );
+    let blueprints = repository_object("blueprints", &upstream.remote);
+    let old = crate::support::published_revision("blueprints.app.v1", "app", "v1", 1);
+    let new = crate::support::published_revision("blueprints.app.v2", "app", "v2", 2);
+
+    // clone v1 into the deployment repository, change it there, publish
+    let mut clone = clone_into(
+        &deploy.remote,
+        "shop",
+        serde_json::json!({"upstreamRef": {"name": "blueprints.app.v1"}}),
+    );
+    clone.upstream = Some(old.clone());
+    clone.upstream_repository = Some(blueprints.clone());
+    runner.handle(&clone).await?;
+    let git_repo = GitRepo::open(&deploy.remote)?;
+    let head = git_repo
+        .ref_id("refs/heads/drafts/shop/v1")?
+        .ok_or_else(|| anyhow::anyhow!("no clone"))?;
+    let mut local = git_repo.read_files(head, "shop")?;
+    let cm =
+        String::from_utf8(local["cm.yaml"].clone())?.replace("local: \"no\"", "local: \"yes\"");
+    local.insert("cm.yaml".into(), cm.into_bytes());
+    crate::support::publish(&deploy.mirror, "shop", "live", local).await?;
+    let mut current = crate::support::published_revision("deploy.shop.live", "shop", "live", 1);
+    current.spec.repository = "deploy".into();
+
+    // upgrade onto v2: old and new upstream from blueprints, current here
+    let upgrade = |old_name: &str| {
+        let mut inv = clone_into(&deploy.remote, "shop", serde_json::json!({}));
+        if let Some(pr) = inv.package_revision.as_mut() {
+            pr.metadata.name = Some("deploy.shop.v2".into());
+            pr.metadata.uid = Some("uid-shop-v2".into());
+            pr.spec.workspace_name = "v2".into();
+            pr.spec.source = serde_json::from_value(serde_json::json!({"upgrade": {
+                "oldUpstream": {"name": old_name},
+                "newUpstream": {"name": "blueprints.app.v2"},
+                "currentPackage": {"name": "deploy.shop.live"}}}))
+            .expect("an upgrade source");
+        }
+        inv.upstream = Some(new.clone());
+        inv.upstream_repository = Some(blueprints.clone());
+        inv.related = vec![old.clone(), new.clone(), current.clone()];
+        inv
+    };
+
+    // without the upstream's Repository: a clear refusal, nothing written
+    let mut orphan = upgrade("blueprints.app.v1");
+    orphan.upstream_repository = None;
+    let refused = runner.handle(&orphan).await?;
+    assert!(
+        ready_message(&refused).contains("which the invocation does not name"),
+        "{}",
+        ready_message(&refused)
+    );
+    assert!(
+        GitRepo::open(&deploy.remote)?
+            .ref_id("refs/heads/drafts/shop/v2")?
+            .is_none()
+    );
+    // old and new upstream of different packages: refused
+    let refused = runner.handle(&upgrade("deploy.shop.live")).await?;
+    assert!(
+        ready_message(&refused).contains("must be revisions of one package"),
+        "{}",
+        ready_message(&refused)
+    );
+
+    let outcome = runner.handle(&upgrade("blueprints.app.v1")).await?;
+    assert!(
+        ready_message(&outcome).starts_with("False/Pending"),
+        "{}",
+        ready_message(&outcome)
+    );
+    let upgraded = git(&deploy.remote, &["show", "drafts/shop/v2:shop/cm.yaml"]);
+    assert!(upgraded.contains("version: \"2\""), "{upgraded}");
+    assert!(upgraded.contains("local: \"yes\""), "{upgraded}");
+    let kptfile = git(&deploy.remote, &["show", "drafts/shop/v2:shop/Kptfile"]);
+    assert!(kptfile.contains("ref: app/v2"), "{kptfile}");
+    assert!(
+        kptfile.contains(&format!("repo: {}", upstream.remote.display())),
+        "{kptfile}"
     );
     Ok(())
 }

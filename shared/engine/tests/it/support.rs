@@ -211,6 +211,11 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
 
 /// A bare repository served over smart HTTP with pushes allowed.
 pub(crate) fn served(root: &Path) -> (Server, String) {
+    served_with_auth(root, None)
+}
+
+/// [`served`], requiring the basic-auth `user:password` pair when given.
+pub(crate) fn served_with_auth(root: &Path, auth: Option<&str>) -> (Server, String) {
     let bare = root.join("repo.git");
     git(root, &["init", "--bare", "-q", "-b", "main", "repo.git"]);
     git(&bare, &["config", "http.receivepack", "true"]);
@@ -220,12 +225,12 @@ pub(crate) fn served(root: &Path) -> (Server, String) {
         .expect("free port");
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../git/tests/servers/git_http_server.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .arg(root)
-        .arg(port.to_string())
-        .spawn()
-        .expect("python3 runs");
+    let mut command = Command::new("python3");
+    command.arg(script).arg(root).arg(port.to_string());
+    if let Some(auth) = auth {
+        command.env("GIT_TEST_AUTH", auth);
+    }
+    let child = command.spawn().expect("python3 runs");
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             break;
@@ -274,26 +279,7 @@ pub(crate) fn with(pr: &PackageRevision, operation: Operation, url: &str) -> Inv
 
 /// moto's S3 server (one request at a time) and a bucket with a store on it.
 pub(crate) async fn moto_store(root: &Path) -> (Server, porch_git::s3::S3Store) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../git/tests/servers/moto_serial.py");
-    let child = Command::new("python3")
-        .arg(script)
-        .arg("127.0.0.1")
-        .arg(port.to_string())
-        .current_dir(root)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3 runs moto (pip install 'moto[server]')");
-    let server = Server(child);
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
+    let (server, port) = moto(root);
     let options = porch_git::s3::S3Options {
         endpoint: Some(format!("http://127.0.0.1:{port}")),
         region: Some("us-east-1".into()),
@@ -316,4 +302,30 @@ pub(crate) async fn moto_store(root: &Path) -> (Server, porch_git::s3::S3Store) 
         .expect("create bucket");
     let store = porch_git::s3::S3Store::with_client(client, "snapshots", "porch").expect("store");
     (server, store)
+}
+
+/// moto's server for every AWS API it mocks, one request at a time, and
+/// its port.
+pub(crate) fn moto(root: &Path) -> (Server, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../git/tests/servers/moto_serial.py");
+    let child = Command::new("python3")
+        .arg(script)
+        .arg("127.0.0.1")
+        .arg(port.to_string())
+        .current_dir(root)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 runs moto (pip install 'moto[server]')");
+    let server = Server(child);
+    for _ in 0..400 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    (server, port)
 }
