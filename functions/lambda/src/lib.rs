@@ -123,9 +123,11 @@ impl Config {
                 Arc::new(AwsSecrets::from_env(prefix.clone(), endpoint.as_deref()).await)
             }
         };
-        Ok(Runner::new(self.cache_dir.join("mirrors"), Arc::new(functions))
-            .with_store(store)
-            .with_secrets(secrets))
+        Ok(
+            Runner::new(self.cache_dir.join("mirrors"), Arc::new(functions))
+                .with_store(store)
+                .with_secrets(secrets),
+        )
     }
 }
 

@@ -1,0 +1,16 @@
+//! The watch relay: it keeps the objects it watches, asks the planner what
+//! each one needs, invokes the handler for it and applies the Outcome.
+//!
+//! - [`cluster`]: what the relay needs of the API server, and the Outcome
+//!   rules ([`cluster::apply_outcome`]).
+//! - [`memory`]: a cluster in memory (the CLI's objects, the tests').
+//! - [`kube`]: the API server through kube-rs.
+//! - [`invoker`]: how a handler is reached: in-process or over HTTP
+//!   (`cargo lambda watch`, Lambda function URLs).
+//! - [`relay`]: the work queue, the planning and the retries.
+
+pub mod cluster;
+pub mod invoker;
+pub mod kube;
+pub mod memory;
+pub mod relay;

@@ -1,0 +1,533 @@
+//! The relay's core: the objects it has seen, a work queue of revisions,
+//! the planner deciding the operation due, the invoker running it and the
+//! Outcome applied through the cluster.
+//!
+//! - One queue entry per revision (events for a queued revision coalesce);
+//!   operations on one repository run one at a time, so handlers rarely
+//!   race on a branch; at most `concurrency` run at once, renders at most
+//!   `render_concurrency`.
+//! - An Invocation is planned once: a redelivery (after a retryable error)
+//!   carries the same `time` and the next `attempt`, so the handler gives
+//!   the same Outcome and recognises its own commit.
+//! - Retryable errors back off exponentially with jitter; an Invocation the
+//!   handler calls invalid is reported as a Warning Event and not retried
+//!   until the object changes (the reference swallows both: spec §9 item 4).
+//! - A patch whose guard fails means the object changed: the relay reads it
+//!   again and plans again, never overwrites.
+//! - Writes are read back into the relay's view at once, so the next step
+//!   does not wait for the watch.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use porch_api::invocation::{EventRecord, EventType, Invocation, ObjectRef, Operation, Outcome};
+use porch_api::planner;
+use porch_api::repository::Repository;
+use porch_api::v1alpha2::PackageRevision;
+use serde_json::Value;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+
+use crate::cluster::{Cluster, apply_outcome};
+use crate::invoker::{InvokeError, Invoker};
+
+/// How the relay paces its work.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Handler runs at once (the reference's default: 50).
+    pub concurrency: usize,
+    /// Render runs at once (the reference's default: 20).
+    pub render_concurrency: usize,
+    /// The first pause after a retryable error; doubled per attempt.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            concurrency: 50,
+            render_concurrency: 20,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What the relay has done, for `/metrics` and tests.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub invocations: AtomicU64,
+    pub succeeded: AtomicU64,
+    pub retried: AtomicU64,
+    pub invalid: AtomicU64,
+    pub conflicts: AtomicU64,
+    pub syncs: AtomicU64,
+}
+
+/// `<namespace>/<name>`.
+type Key = String;
+
+fn key_of(namespace: Option<&str>, name: Option<&str>) -> Key {
+    format!("{}/{}", namespace.unwrap_or("default"), name.unwrap_or(""))
+}
+
+fn revision_key(pr: &PackageRevision) -> Key {
+    key_of(
+        pr.metadata.namespace.as_deref(),
+        pr.metadata.name.as_deref(),
+    )
+}
+
+/// An Invocation planned for one version of a revision.
+#[derive(Debug, Clone)]
+struct Delivery {
+    operation: Operation,
+    resource_version: String,
+    time: Time,
+    attempt: u32,
+    request_id: String,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    revisions: BTreeMap<Key, PackageRevision>,
+    repositories: BTreeMap<Key, Repository>,
+    /// Revisions with work to look at, and from when.
+    queue: BTreeMap<Key, Instant>,
+    in_flight: BTreeSet<Key>,
+    busy_repositories: BTreeSet<Key>,
+    deliveries: BTreeMap<Key, Delivery>,
+    /// (operation, resourceVersion) an invalid Invocation was refused at.
+    refused: BTreeMap<Key, (Operation, String)>,
+}
+
+impl State {
+    fn repository_key(&self, key: &Key) -> Option<Key> {
+        let pr = self.revisions.get(key)?;
+        Some(key_of(
+            pr.metadata.namespace.as_deref(),
+            Some(&pr.spec.repository),
+        ))
+    }
+
+    fn enqueue(&mut self, key: Key, at: Instant) {
+        self.queue
+            .entry(key)
+            .and_modify(|due| *due = (*due).min(at))
+            .or_insert(at);
+    }
+
+    /// The next revision due by `now` that is not running and whose
+    /// repository is free; it is marked running.
+    fn take_ready(&mut self, now: Instant) -> Option<Key> {
+        let key = self
+            .queue
+            .iter()
+            .filter(|(_, due)| **due <= now)
+            .map(|(k, _)| k)
+            .find(|k| {
+                !self.in_flight.contains(*k)
+                    && self
+                        .repository_key(k)
+                        .is_none_or(|r| !self.busy_repositories.contains(&r))
+            })?
+            .clone();
+        self.queue.remove(&key);
+        self.in_flight.insert(key.clone());
+        if let Some(repository) = self.repository_key(&key) {
+            self.busy_repositories.insert(repository);
+        }
+        Some(key)
+    }
+
+    fn release(&mut self, key: &Key, repository: Option<&Key>) {
+        self.in_flight.remove(key);
+        if let Some(repository) = repository {
+            self.busy_repositories.remove(repository);
+        }
+    }
+
+    fn store(&mut self, object: &Value) {
+        if object["kind"] != "PackageRevision" {
+            return;
+        }
+        if let Ok(pr) = serde_json::from_value::<PackageRevision>(object.clone()) {
+            self.revisions.insert(revision_key(&pr), pr);
+        }
+    }
+}
+
+/// The relay: feed it objects, run it, and it keeps them converging.
+#[derive(Debug)]
+pub struct Relay<C, I> {
+    cluster: Arc<C>,
+    invoker: Arc<I>,
+    config: RelayConfig,
+    state: Mutex<State>,
+    wake: Notify,
+    renders: Semaphore,
+    pub stats: Stats,
+}
+
+impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
+    pub fn new(cluster: Arc<C>, invoker: Arc<I>, config: RelayConfig) -> Self {
+        let renders = Semaphore::new(config.render_concurrency.max(1));
+        Relay {
+            cluster,
+            invoker,
+            config,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+            renders,
+            stats: Stats::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A revision was added or changed: keep it and look at it now.
+    pub fn observe_revision(&self, pr: PackageRevision) {
+        let key = revision_key(&pr);
+        {
+            let mut state = self.state();
+            state.revisions.insert(key.clone(), pr);
+            state.enqueue(key, Instant::now());
+        }
+        self.wake.notify_one();
+    }
+
+    /// A revision is gone.
+    pub fn forget_revision(&self, namespace: &str, name: &str) {
+        let key = key_of(Some(namespace), Some(name));
+        let mut state = self.state();
+        state.revisions.remove(&key);
+        state.queue.remove(&key);
+        state.deliveries.remove(&key);
+        state.refused.remove(&key);
+    }
+
+    /// A Repository was added or changed: keep it and look at its
+    /// revisions again.
+    pub fn observe_repository(&self, repository: Repository) {
+        let namespace = repository.metadata.namespace.clone();
+        let name = repository.metadata.name.clone().unwrap_or_default();
+        {
+            let mut state = self.state();
+            state
+                .repositories
+                .insert(key_of(namespace.as_deref(), Some(&name)), repository);
+            let now = Instant::now();
+            let keys: Vec<Key> = state
+                .revisions
+                .iter()
+                .filter(|(_, pr)| pr.spec.repository == name && pr.metadata.namespace == namespace)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in keys {
+                state.enqueue(key, now);
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// A Repository is gone; its revisions are looked at again (their
+    /// delete handler releases them).
+    pub fn forget_repository(&self, namespace: &str, name: &str) {
+        let mut state = self.state();
+        state
+            .repositories
+            .remove(&key_of(Some(namespace), Some(name)));
+    }
+
+    /// The relay's view of a revision.
+    pub fn revision(&self, namespace: &str, name: &str) -> Option<PackageRevision> {
+        self.state()
+            .revisions
+            .get(&key_of(Some(namespace), Some(name)))
+            .cloned()
+    }
+
+    /// Revisions waiting (due now or later), for `/metrics`.
+    pub fn queue_depth(&self) -> usize {
+        self.state().queue.len()
+    }
+
+    /// Runs everything due now, one at a time, until nothing is: the
+    /// deterministic loop of tests and of one-shot runs. Returns the
+    /// handler runs made.
+    pub async fn drain(&self) -> usize {
+        let mut runs = 0;
+        loop {
+            let next = self.state().take_ready(Instant::now());
+            let Some(key) = next else {
+                return runs;
+            };
+            if self.process(&key).await {
+                runs += 1;
+            }
+        }
+    }
+
+    /// Runs until `shutdown` resolves, then lets the runs in flight finish.
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        let permits = Arc::new(Semaphore::new(self.config.concurrency.max(1)));
+        let mut running = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let next = self.state().take_ready(Instant::now());
+            if let Some(key) = next {
+                let permit = tokio::select! {
+                    permit = Arc::clone(&permits).acquire_owned() => permit,
+                    () = &mut shutdown => break,
+                };
+                let Ok(permit) = permit else { break };
+                let relay = Arc::clone(&self);
+                running.spawn(async move {
+                    relay.process(&key).await;
+                    drop(permit);
+                    relay.wake.notify_one();
+                });
+                continue;
+            }
+            let earliest = self.state().queue.values().min().copied();
+            let sleep = earliest.map_or(Duration::from_secs(3600), |at| {
+                at.saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1))
+            });
+            tokio::select! {
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(sleep) => {}
+                () = &mut shutdown => break,
+            }
+            while running.try_join_next().is_some() {}
+        }
+        while running.join_next().await.is_some() {}
+    }
+
+    /// Plans, invokes and applies for one revision; `true` when a handler ran.
+    async fn process(&self, key: &Key) -> bool {
+        let planned = self.plan(key);
+        let repository_key = self.state().repository_key(key);
+        let ran = match planned {
+            Some(invocation) => {
+                self.run_invocation(key, invocation).await;
+                true
+            }
+            None => false,
+        };
+        self.state().release(key, repository_key.as_ref());
+        if ran {
+            self.wake.notify_one();
+        }
+        ran
+    }
+
+    /// The Invocation due for a revision, if any: a redelivery of the one
+    /// planned for this version, or a new one.
+    fn plan(&self, key: &Key) -> Option<Invocation> {
+        let mut state = self.state();
+        let pr = state.revisions.get(key)?.clone();
+        let namespace = pr.metadata.namespace.clone();
+        let repository = state
+            .repositories
+            .get(&key_of(namespace.as_deref(), Some(&pr.spec.repository)))?
+            .clone();
+        let operation = planner::plan(&pr, &repository).into_iter().next()?;
+        let version = pr.metadata.resource_version.clone().unwrap_or_default();
+        if state
+            .refused
+            .get(key)
+            .is_some_and(|(op, v)| *op == operation && *v == version)
+        {
+            return None;
+        }
+        let delivery = match state.deliveries.get(key) {
+            Some(d) if d.operation == operation && d.resource_version == version => Delivery {
+                attempt: d.attempt + 1,
+                ..d.clone()
+            },
+            _ => Delivery {
+                operation,
+                resource_version: version,
+                time: Time(k8s_openapi::jiff::Timestamp::now()),
+                attempt: 1,
+                request_id: uuid::Uuid::new_v4().to_string(),
+            },
+        };
+        state.deliveries.insert(key.clone(), delivery.clone());
+        let related: Vec<PackageRevision> = state
+            .revisions
+            .values()
+            .filter(|p| p.metadata.namespace == namespace)
+            .cloned()
+            .collect();
+        let upstream = upstream_of(&pr, &related);
+        let upstream_repository = upstream
+            .as_ref()
+            .filter(|u| u.spec.repository != pr.spec.repository)
+            .and_then(|u| {
+                state
+                    .repositories
+                    .get(&key_of(namespace.as_deref(), Some(&u.spec.repository)))
+            })
+            .cloned();
+        Some(Invocation {
+            operation,
+            package_revision: Some(pr),
+            repository,
+            upstream,
+            upstream_repository,
+            related,
+            time: Some(delivery.time),
+            attempt: delivery.attempt,
+            request_id: delivery.request_id,
+        })
+    }
+
+    async fn run_invocation(&self, key: &Key, invocation: Invocation) {
+        self.stats.invocations.fetch_add(1, Ordering::Relaxed);
+        let _render = if invocation.operation == Operation::Render {
+            self.renders.acquire().await.ok()
+        } else {
+            None
+        };
+        let result = self.invoker.invoke(&invocation).await;
+        match result {
+            Ok(outcome) => self.settle(key, &invocation, &outcome).await,
+            Err(InvokeError::Retryable(message)) => {
+                self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                let pause = self.backoff(invocation.attempt);
+                tracing::warn!(
+                    revision = %key,
+                    operation = invocation.operation.as_str(),
+                    attempt = invocation.attempt,
+                    retry_in_ms = pause.as_millis() as u64,
+                    error = %message,
+                    "handler failed; retrying"
+                );
+                self.state().enqueue(key.clone(), Instant::now() + pause);
+            }
+            Err(InvokeError::Invalid(message)) => {
+                self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(revision = %key, operation = invocation.operation.as_str(), error = %message, "handler refused the invocation");
+                if let Some(pr) = &invocation.package_revision {
+                    let version = pr.metadata.resource_version.clone().unwrap_or_default();
+                    {
+                        let mut state = self.state();
+                        state.deliveries.remove(key);
+                        state
+                            .refused
+                            .insert(key.clone(), (invocation.operation, version));
+                    }
+                    let event = EventRecord {
+                        regarding: ObjectRef::package_revision(pr),
+                        type_: EventType::Warning,
+                        reason: "InvocationRefused".into(),
+                        message: format!("{}: {message}", invocation.operation.as_str()),
+                    };
+                    if let Err(e) = self.cluster.record(&event).await {
+                        tracing::warn!(error = %e, "event not recorded");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies an Outcome and decides when to look at the revision again.
+    async fn settle(&self, key: &Key, invocation: &Invocation, outcome: &Outcome) {
+        let applied = match apply_outcome(&*self.cluster, outcome).await {
+            Ok(applied) => applied,
+            Err(e) => {
+                // the API server is unreachable: the same Invocation again
+                // later gives the same Outcome
+                self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(revision = %key, error = %e, "outcome not applied; retrying");
+                let pause = self.backoff(invocation.attempt);
+                self.state().enqueue(key.clone(), Instant::now() + pause);
+                return;
+            }
+        };
+        self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
+        // what the writes left, read back at once
+        let mut reread = Vec::new();
+        for target in &applied.conflicts {
+            self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            reread.push(target.clone());
+        }
+        reread.extend(outcome.delete.iter().cloned());
+        let mut fresh = Vec::new();
+        for target in &reread {
+            match self.cluster.get(target).await {
+                Ok(object) => fresh.push((target.clone(), object)),
+                Err(e) => tracing::warn!(error = %e, "re-read failed; the watch brings it"),
+            }
+        }
+        let mut state = self.state();
+        state.deliveries.remove(key);
+        for object in applied.objects.values() {
+            state.store(object);
+        }
+        for (target, object) in fresh {
+            let k = key_of(Some(&target.namespace), Some(&target.name));
+            match object {
+                Some(object) => state.store(&object),
+                None => {
+                    state.revisions.remove(&k);
+                }
+            }
+        }
+        let now = Instant::now();
+        let changed =
+            !(outcome.patches.is_empty() && outcome.apply.is_empty() && outcome.delete.is_empty());
+        if changed || !applied.conflicts.is_empty() {
+            // plan again with what the write (or the re-read) left
+            let touched: Vec<Key> = applied
+                .objects
+                .keys()
+                .cloned()
+                .chain(std::iter::once(key.clone()))
+                .filter(|k| state.revisions.contains_key(k))
+                .collect();
+            for k in touched {
+                state.enqueue(k, now);
+            }
+        }
+        if let Some(seconds) = outcome.requeue_after_seconds {
+            state.enqueue(key.clone(), now + Duration::from_secs(seconds));
+        }
+    }
+
+    /// The pause before delivery `attempt + 1`: exponential, capped, with
+    /// up to a quarter of jitter so retries of many revisions spread out.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(20);
+        let base = self
+            .config
+            .backoff_base
+            .saturating_mul(1_u32 << exponent)
+            .min(self.config.backoff_max);
+        let random = uuid::Uuid::new_v4().as_u128() % 1000;
+        let jitter = base.mul_f64(random as f64 / 4000.0);
+        base + jitter
+    }
+}
+
+/// The upstream a source names: a clone's upstream, or an upgrade's new
+/// upstream (its old upstream lives in the same repository).
+pub fn upstream_of(pr: &PackageRevision, all: &[PackageRevision]) -> Option<PackageRevision> {
+    let source = pr.spec.source.as_ref()?;
+    let name = match (&source.clone_from, &source.upgrade) {
+        (Some(clone), _) => clone.upstream_ref.as_ref()?.name.clone(),
+        (None, Some(upgrade)) => upgrade.new_upstream.name.clone(),
+        (None, None) => return None,
+    };
+    all.iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+        .cloned()
+}
