@@ -1,1 +1,10 @@
-//! Tests of the relay.
+//! Tests of the relay: the whole loop against a cluster in memory and real
+//! git repositories through the in-process handlers; conflicts, retries and
+//! refusals with scripted invokers; the kube-rs cluster and the Lambda-HTTP
+//! invoker against mock servers with the API server's and Lambda's real
+//! answers.
+
+mod kube_cluster;
+mod lambda_http;
+mod relay_loop;
+mod support;

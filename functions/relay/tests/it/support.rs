@@ -1,0 +1,116 @@
+//! A cluster in memory with a Repository and a bare git repository behind
+//! it, and the in-process handlers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use porch_api::repository::Repository;
+use porch_api::v1alpha2::PackageRevision;
+use porch_engine::runner::Runner;
+use porch_git::store::LocalDirStore;
+use porch_krm::builtins::BuiltinRuntime;
+use porch_krm::runtime::Runtimes;
+use porch_relay::memory::Objects;
+use serde_json::json;
+
+pub(crate) struct World {
+    pub(crate) _dir: tempfile::TempDir,
+    pub(crate) bare: PathBuf,
+    pub(crate) cluster: Arc<Mutex<Objects>>,
+    pub(crate) repository: Repository,
+    pub(crate) runner: Arc<Runner<LocalDirStore>>,
+}
+
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git runs");
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+impl World {
+    pub(crate) fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tmp");
+        git(
+            dir.path(),
+            &["init", "--bare", "-q", "-b", "main", "repo.git"],
+        );
+        let bare = dir.path().join("repo.git");
+        let repository: Repository = serde_json::from_value(json!({
+            "apiVersion": "config.porch.kpt.dev/v1alpha1",
+            "kind": "Repository",
+            "metadata": {"name": "blueprints", "namespace": "default", "uid": "repo-uid"},
+            "spec": {"type": "git", "git": {"repo": bare.display().to_string(), "branch": "main"}}
+        }))
+        .expect("a repository");
+        let functions = Arc::new(Runtimes::new().with(Arc::new(BuiltinRuntime::catalog())));
+        let runner = Arc::new(
+            Runner::new(dir.path().join("cache"), functions)
+                .with_store(LocalDirStore::new(dir.path().join("store"))),
+        );
+        World {
+            _dir: dir,
+            bare,
+            cluster: Arc::new(Mutex::new(Objects::default())),
+            repository,
+            runner,
+        }
+    }
+
+    /// Creates a draft of `package` with an init source, as the API server
+    /// and the mutating webhook would; returns it.
+    pub(crate) fn create_draft(&self, package: &str) -> PackageRevision {
+        let name = format!("blueprints.{package}.v1");
+        let mut objects = self.cluster.lock().expect("lock");
+        objects
+            .create(json!({
+                "apiVersion": "porch.kpt.dev/v1alpha2",
+                "kind": "PackageRevision",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"packageName": package, "repository": "blueprints", "workspaceName": "v1",
+                         "lifecycle": "Draft", "source": {"init": {"description": "demo"}}}
+            }))
+            .expect("created");
+        typed(objects.get("default", &name).expect("stored"))
+    }
+
+    pub(crate) fn object(&self, name: &str) -> Option<PackageRevision> {
+        self.cluster
+            .lock()
+            .expect("lock")
+            .get("default", name)
+            .map(typed)
+    }
+
+    /// Changes an object as a user would (a new resourceVersion; a new
+    /// generation when the spec changed); returns it.
+    pub(crate) fn edit(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> PackageRevision {
+        let mut objects = self.cluster.lock().expect("lock");
+        objects.update("default", name, edit).expect("updated");
+        typed(objects.get("default", name).expect("stored"))
+    }
+}
+
+pub(crate) fn typed(value: &serde_json::Value) -> PackageRevision {
+    serde_json::from_value(value.clone()).expect("a PackageRevision")
+}
+
+pub(crate) fn condition(pr: &PackageRevision, type_: &str) -> String {
+    pr.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .map(|c| format!("{}/{}", c.status, c.reason))
+        .unwrap_or_default()
+}
