@@ -31,7 +31,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::cluster::{Cluster, apply_outcome};
+use crate::cluster::{Cluster, ClusterError, apply_outcome};
 use crate::invoker::{InvokeError, Invoker};
 
 /// How the relay paces its work.
@@ -44,6 +44,11 @@ pub struct RelayConfig {
     /// The first pause after a retryable error; doubled per attempt.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// How often each Repository is synced with git (discovery of
+    /// revisions made or deleted outside the API). The reference checks
+    /// health every 5 minutes and syncs fully every hour; a sync here
+    /// costs a fetch of what changed, so it runs at the health-check pace.
+    pub sync_interval: Duration,
 }
 
 impl Default for RelayConfig {
@@ -53,6 +58,7 @@ impl Default for RelayConfig {
             render_concurrency: 20,
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
+            sync_interval: Duration::from_secs(300),
         }
     }
 }
@@ -82,6 +88,13 @@ fn revision_key(pr: &PackageRevision) -> Key {
     )
 }
 
+/// One queue entry: a revision to plan for, or a Repository to sync.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Work {
+    Revision(Key),
+    Sync(Key),
+}
+
 /// An Invocation planned for one version of a revision.
 #[derive(Debug, Clone)]
 struct Delivery {
@@ -96,9 +109,9 @@ struct Delivery {
 struct State {
     revisions: BTreeMap<Key, PackageRevision>,
     repositories: BTreeMap<Key, Repository>,
-    /// Revisions with work to look at, and from when.
-    queue: BTreeMap<Key, Instant>,
-    in_flight: BTreeSet<Key>,
+    /// Revisions and Repositories with work to look at, and from when.
+    queue: BTreeMap<Work, Instant>,
+    in_flight: BTreeSet<Work>,
     busy_repositories: BTreeSet<Key>,
     deliveries: BTreeMap<Key, Delivery>,
     /// (operation, resourceVersion) an invalid Invocation was refused at.
@@ -106,46 +119,51 @@ struct State {
 }
 
 impl State {
-    fn repository_key(&self, key: &Key) -> Option<Key> {
-        let pr = self.revisions.get(key)?;
-        Some(key_of(
-            pr.metadata.namespace.as_deref(),
-            Some(&pr.spec.repository),
-        ))
+    fn repository_key(&self, work: &Work) -> Option<Key> {
+        match work {
+            Work::Sync(repository) => Some(repository.clone()),
+            Work::Revision(key) => {
+                let pr = self.revisions.get(key)?;
+                Some(key_of(
+                    pr.metadata.namespace.as_deref(),
+                    Some(&pr.spec.repository),
+                ))
+            }
+        }
     }
 
-    fn enqueue(&mut self, key: Key, at: Instant) {
+    fn enqueue(&mut self, work: Work, at: Instant) {
         self.queue
-            .entry(key)
+            .entry(work)
             .and_modify(|due| *due = (*due).min(at))
             .or_insert(at);
     }
 
-    /// The next revision due by `now` that is not running and whose
-    /// repository is free; it is marked running.
-    fn take_ready(&mut self, now: Instant) -> Option<Key> {
-        let key = self
+    /// The next work due by `now` that is not running and whose repository
+    /// is free; it is marked running.
+    fn take_ready(&mut self, now: Instant) -> Option<Work> {
+        let work = self
             .queue
             .iter()
             .filter(|(_, due)| **due <= now)
-            .map(|(k, _)| k)
-            .find(|k| {
-                !self.in_flight.contains(*k)
+            .map(|(w, _)| w)
+            .find(|w| {
+                !self.in_flight.contains(*w)
                     && self
-                        .repository_key(k)
+                        .repository_key(w)
                         .is_none_or(|r| !self.busy_repositories.contains(&r))
             })?
             .clone();
-        self.queue.remove(&key);
-        self.in_flight.insert(key.clone());
-        if let Some(repository) = self.repository_key(&key) {
+        self.queue.remove(&work);
+        self.in_flight.insert(work.clone());
+        if let Some(repository) = self.repository_key(&work) {
             self.busy_repositories.insert(repository);
         }
-        Some(key)
+        Some(work)
     }
 
-    fn release(&mut self, key: &Key, repository: Option<&Key>) {
-        self.in_flight.remove(key);
+    fn release(&mut self, work: &Work, repository: Option<&Key>) {
+        self.in_flight.remove(work);
         if let Some(repository) = repository {
             self.busy_repositories.remove(repository);
         }
@@ -197,7 +215,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         {
             let mut state = self.state();
             state.revisions.insert(key.clone(), pr);
-            state.enqueue(key, Instant::now());
+            state.enqueue(Work::Revision(key), Instant::now());
         }
         self.wake.notify_one();
     }
@@ -207,7 +225,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let key = key_of(Some(namespace), Some(name));
         let mut state = self.state();
         state.revisions.remove(&key);
-        state.queue.remove(&key);
+        state.queue.remove(&Work::Revision(key.clone()));
         state.deliveries.remove(&key);
         state.refused.remove(&key);
     }
@@ -219,10 +237,12 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let name = repository.metadata.name.clone().unwrap_or_default();
         {
             let mut state = self.state();
+            let repository_key = key_of(namespace.as_deref(), Some(&name));
             state
                 .repositories
-                .insert(key_of(namespace.as_deref(), Some(&name)), repository);
+                .insert(repository_key.clone(), repository);
             let now = Instant::now();
+            state.enqueue(Work::Sync(repository_key), now);
             let keys: Vec<Key> = state
                 .revisions
                 .iter()
@@ -230,7 +250,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                 .map(|(k, _)| k.clone())
                 .collect();
             for key in keys {
-                state.enqueue(key, now);
+                state.enqueue(Work::Revision(key), now);
             }
         }
         self.wake.notify_one();
@@ -265,10 +285,10 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let mut runs = 0;
         loop {
             let next = self.state().take_ready(Instant::now());
-            let Some(key) = next else {
+            let Some(work) = next else {
                 return runs;
             };
-            if self.process(&key).await {
+            if self.process(&work).await {
                 runs += 1;
             }
         }
@@ -281,7 +301,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         tokio::pin!(shutdown);
         loop {
             let next = self.state().take_ready(Instant::now());
-            if let Some(key) = next {
+            if let Some(work) = next {
                 let permit = tokio::select! {
                     permit = Arc::clone(&permits).acquire_owned() => permit,
                     () = &mut shutdown => break,
@@ -289,7 +309,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                 let Ok(permit) = permit else { break };
                 let relay = Arc::clone(&self);
                 running.spawn(async move {
-                    relay.process(&key).await;
+                    relay.process(&work).await;
                     drop(permit);
                     relay.wake.notify_one();
                 });
@@ -310,22 +330,79 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         while running.join_next().await.is_some() {}
     }
 
-    /// Plans, invokes and applies for one revision; `true` when a handler ran.
-    async fn process(&self, key: &Key) -> bool {
-        let planned = self.plan(key);
-        let repository_key = self.state().repository_key(key);
-        let ran = match planned {
-            Some(invocation) => {
-                self.run_invocation(key, invocation).await;
-                true
-            }
-            None => false,
+    /// Plans, invokes and applies for one revision, or syncs one
+    /// Repository; `true` when a handler ran.
+    async fn process(&self, work: &Work) -> bool {
+        let repository_key = self.state().repository_key(work);
+        let ran = match work {
+            Work::Revision(key) => match self.plan(key) {
+                Some(invocation) => {
+                    self.run_invocation(key, invocation).await;
+                    true
+                }
+                None => false,
+            },
+            Work::Sync(repository) => self.sync(repository).await,
         };
-        self.state().release(key, repository_key.as_ref());
+        self.state().release(work, repository_key.as_ref());
         if ran {
             self.wake.notify_one();
         }
         ran
+    }
+
+    /// Syncs a Repository with git: revisions discovered are applied,
+    /// stale ones deleted; the next sync is scheduled.
+    async fn sync(&self, repository_key: &Key) -> bool {
+        let invocation = {
+            let state = self.state();
+            let Some(repository) = state.repositories.get(repository_key).cloned() else {
+                return false;
+            };
+            let related = state
+                .revisions
+                .values()
+                .filter(|p| p.metadata.namespace == repository.metadata.namespace)
+                .cloned()
+                .collect();
+            Invocation {
+                operation: Operation::Sync,
+                package_revision: None,
+                repository,
+                upstream: None,
+                upstream_repository: None,
+                related,
+                time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+                attempt: 1,
+                request_id: uuid::Uuid::new_v4().to_string(),
+            }
+        };
+        self.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        self.stats.invocations.fetch_add(1, Ordering::Relaxed);
+        let next = match self.invoker.invoke(&invocation).await {
+            Ok(outcome) => {
+                if self.settle_outcome(&outcome).await.is_ok() {
+                    self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
+                    self.config.sync_interval
+                } else {
+                    self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                    self.config.backoff_base
+                }
+            }
+            Err(e) => {
+                // a partial failure is retried sooner than the interval;
+                // the handler's error says which repository and why
+                self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(repository = %repository_key, error = %e, "sync failed");
+                self.config
+                    .backoff_base
+                    .max(Duration::from_secs(1))
+                    .min(self.config.sync_interval)
+            }
+        };
+        self.state()
+            .enqueue(Work::Sync(repository_key.clone()), Instant::now() + next);
+        true
     }
 
     /// The Invocation due for a revision, if any: a redelivery of the one
@@ -411,7 +488,8 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                     error = %message,
                     "handler failed; retrying"
                 );
-                self.state().enqueue(key.clone(), Instant::now() + pause);
+                self.state()
+                    .enqueue(Work::Revision(key.clone()), Instant::now() + pause);
             }
             Err(InvokeError::Invalid(message)) => {
                 self.stats.invalid.fetch_add(1, Ordering::Relaxed);
@@ -439,21 +517,10 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         }
     }
 
-    /// Applies an Outcome and decides when to look at the revision again.
-    async fn settle(&self, key: &Key, invocation: &Invocation, outcome: &Outcome) {
-        let applied = match apply_outcome(&*self.cluster, outcome).await {
-            Ok(applied) => applied,
-            Err(e) => {
-                // the API server is unreachable: the same Invocation again
-                // later gives the same Outcome
-                self.stats.retried.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(revision = %key, error = %e, "outcome not applied; retrying");
-                let pause = self.backoff(invocation.attempt);
-                self.state().enqueue(key.clone(), Instant::now() + pause);
-                return;
-            }
-        };
-        self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
+    /// Applies an Outcome, reads back what it changed into the relay's
+    /// view and queues the revisions it touched; the keys touched.
+    async fn settle_outcome(&self, outcome: &Outcome) -> Result<Vec<Key>, ClusterError> {
+        let applied = apply_outcome(&*self.cluster, outcome).await?;
         // what the writes left, read back at once
         let mut reread = Vec::new();
         for target in &applied.conflicts {
@@ -469,10 +536,10 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             }
         }
         let mut state = self.state();
-        state.deliveries.remove(key);
         for object in applied.objects.values() {
             state.store(object);
         }
+        let mut touched: Vec<Key> = applied.objects.keys().cloned().collect();
         for (target, object) in fresh {
             let k = key_of(Some(&target.namespace), Some(&target.name));
             match object {
@@ -481,25 +548,45 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                     state.revisions.remove(&k);
                 }
             }
+            touched.push(k);
         }
+        let now = Instant::now();
+        touched.retain(|k| state.revisions.contains_key(k));
+        for k in &touched {
+            state.enqueue(Work::Revision(k.clone()), now);
+        }
+        Ok(touched)
+    }
+
+    /// Applies a revision's Outcome and decides when to look at it again.
+    async fn settle(&self, key: &Key, invocation: &Invocation, outcome: &Outcome) {
+        if let Err(e) = self.settle_outcome(outcome).await {
+            // the API server is unreachable: the same Invocation again
+            // later gives the same Outcome
+            self.stats.retried.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(revision = %key, error = %e, "outcome not applied; retrying");
+            let pause = self.backoff(invocation.attempt);
+            self.state()
+                .enqueue(Work::Revision(key.clone()), Instant::now() + pause);
+            return;
+        }
+        self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.state();
+        state.deliveries.remove(key);
         let now = Instant::now();
         let changed =
             !(outcome.patches.is_empty() && outcome.apply.is_empty() && outcome.delete.is_empty());
-        if changed || !applied.conflicts.is_empty() {
-            // plan again with what the write (or the re-read) left
-            let touched: Vec<Key> = applied
-                .objects
-                .keys()
-                .cloned()
-                .chain(std::iter::once(key.clone()))
-                .filter(|k| state.revisions.contains_key(k))
-                .collect();
-            for k in touched {
-                state.enqueue(k, now);
-            }
+        // an Outcome that changes objects: plan again with what the write
+        // (or the re-read) left; one that only reports (events) settles
+        // the revision until it changes or asks to come back
+        if changed && state.revisions.contains_key(key) {
+            state.enqueue(Work::Revision(key.clone()), now);
         }
         if let Some(seconds) = outcome.requeue_after_seconds {
-            state.enqueue(key.clone(), now + Duration::from_secs(seconds));
+            state.enqueue(
+                Work::Revision(key.clone()),
+                now + Duration::from_secs(seconds),
+            );
         }
     }
 

@@ -34,9 +34,12 @@ impl<I: Invoker> Recording<I> {
         }
     }
 
+    /// The operations run on revisions since the last call (repository
+    /// syncs left out).
     fn take(&self) -> Vec<&'static str> {
         std::mem::take(&mut *self.operations.lock().expect("lock"))
             .into_iter()
+            .filter(|o| *o != Operation::Sync)
             .map(|o| o.as_str())
             .collect()
     }
@@ -184,8 +187,9 @@ async fn a_stale_patch_is_re_read_and_re_planned_without_a_second_commit() {
     let runs = relay.drain().await;
     assert_eq!(relay.stats.conflicts.load(Ordering::Relaxed), 1);
     // source (conflict), source again (recognises its commit), render,
-    // lifecycle
-    assert_eq!(runs, 4);
+    // lifecycle, and the repository's first sync
+    assert_eq!(runs, 5);
+    assert_eq!(relay.stats.syncs.load(Ordering::Relaxed), 1);
     let pr = world.object(NAME).expect("object");
     assert_eq!(
         pr.status.as_ref().map(|s| s.creation_source.as_str()),
@@ -216,6 +220,10 @@ struct Scripted {
 
 impl Invoker for Scripted {
     async fn invoke(&self, invocation: &Invocation) -> Result<Outcome, InvokeError> {
+        if invocation.operation == Operation::Sync {
+            // the repository's syncs find nothing
+            return Ok(Outcome::none());
+        }
         self.seen.lock().expect("lock").push(invocation.clone());
         let mut answers = self.answers.lock().expect("lock");
         if answers.is_empty() {
@@ -224,6 +232,16 @@ impl Invoker for Scripted {
             answers.remove(0)
         }
     }
+}
+
+fn revision_invocations(invoker: &Scripted) -> usize {
+    invoker
+        .seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|i| i.operation != Operation::Sync)
+        .count()
 }
 
 fn quick() -> RelayConfig {
@@ -247,12 +265,19 @@ async fn retryable_failures_are_redelivered_with_the_planned_time_and_the_next_a
     relay.observe_revision(world.create_draft("app"));
     for _ in 0..200 {
         relay.drain().await;
-        if invoker.seen.lock().expect("lock").len() >= 3 {
+        if revision_invocations(&invoker) >= 3 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let seen = invoker.seen.lock().expect("lock").clone();
+    let seen: Vec<Invocation> = invoker
+        .seen
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|i| i.operation != Operation::Sync)
+        .cloned()
+        .collect();
     assert_eq!(seen.len(), 3, "two failures, then the answer");
     assert_eq!(
         seen.iter().map(|i| i.attempt).collect::<Vec<_>>(),
@@ -280,7 +305,8 @@ async fn an_invalid_invocation_is_reported_once_and_retried_only_after_a_change(
     relay.observe_repository(world.repository.clone());
     let pr = world.create_draft("app");
     relay.observe_revision(pr.clone());
-    assert_eq!(relay.drain().await, 1);
+    relay.drain().await;
+    assert_eq!(revision_invocations(&invoker), 1);
     {
         let objects = world.cluster.lock().expect("lock");
         assert_eq!(objects.events.len(), 1);
@@ -307,7 +333,7 @@ async fn an_invalid_invocation_is_reported_once_and_retried_only_after_a_change(
     let changed = world.edit(NAME, |o| o["metadata"]["labels"]["fixed"] = json!("yes"));
     relay.observe_revision(changed);
     assert_eq!(relay.drain().await, 1);
-    assert_eq!(invoker.seen.lock().expect("lock").len(), 2);
+    assert_eq!(revision_invocations(&invoker), 2);
 }
 
 #[tokio::test]
@@ -355,5 +381,72 @@ async fn the_running_relay_serialises_a_repository_and_finishes_in_flight_work_o
     // one repository: no handler ever raced another on it, so no push
     // was retried by the mirror either (adopt, source, render, lifecycle
     // for each of the four)
-    assert_eq!(relay.stats.invocations.load(Ordering::Relaxed), 16);
+    let stats = &relay.stats;
+    assert_eq!(
+        stats.invocations.load(Ordering::Relaxed) - stats.syncs.load(Ordering::Relaxed),
+        16
+    );
+}
+
+#[tokio::test]
+async fn a_sync_brings_in_what_git_holds_and_removes_what_it_lost() {
+    let world = World::new();
+    let relay = Relay::new(
+        Arc::clone(&world.cluster),
+        Arc::new(InProcess::new(Arc::clone(&world.runner))),
+        RelayConfig::default(),
+    );
+    // a package published straight into git, outside the API
+    let work = world.bare.with_file_name("work");
+    git(
+        world.bare.parent().expect("root"),
+        &["clone", "-q", world.bare.to_str().expect("utf-8"), "work"],
+    );
+    std::fs::create_dir_all(work.join("shop")).expect("dir");
+    std::fs::write(
+        work.join("shop/Kptfile"),
+        "apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: shop\n",
+    )
+    .expect("Kptfile");
+    let commit = |args: &[&str]| {
+        let mut all = vec!["-c", "user.name=t", "-c", "user.email=t@example.com"];
+        all.extend_from_slice(args);
+        git(&work, &all);
+    };
+    commit(&["add", "."]);
+    commit(&["commit", "-q", "-m", "shop"]);
+    commit(&["tag", "shop/v1"]);
+    commit(&["push", "-q", "origin", "HEAD:main", "shop/v1"]);
+
+    relay.observe_repository(world.repository.clone());
+    relay.drain().await;
+    let shop = |objects: &Objects| -> Vec<(String, Option<i64>)> {
+        objects
+            .typed("default")
+            .into_iter()
+            .filter(|p| p.spec.package_name == "shop")
+            .map(|p| {
+                (
+                    p.metadata.name.clone().unwrap_or_default(),
+                    p.status.and_then(|s| s.revision),
+                )
+            })
+            .collect()
+    };
+    let found = shop(&world.cluster.lock().expect("lock"));
+    assert!(
+        found.iter().any(|(_, revision)| *revision == Some(1)),
+        "revision 1 of shop discovered: {found:?}"
+    );
+
+    // the tag goes in git: the next sync deletes the object (its finalizer
+    // released by the delete handler, so nothing stays Terminating)
+    git(&world.bare, &["tag", "-d", "shop/v1"]);
+    relay.observe_repository(world.repository.clone());
+    relay.drain().await;
+    let left = shop(&world.cluster.lock().expect("lock"));
+    assert!(
+        !left.iter().any(|(_, revision)| *revision == Some(1)),
+        "revision 1 of shop is gone: {left:?}"
+    );
 }
