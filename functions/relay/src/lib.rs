@@ -8,9 +8,16 @@
 //! - [`invoker`]: how a handler is reached: in-process or over HTTP
 //!   (`cargo lambda watch`, Lambda function URLs).
 //! - [`relay`]: the work queue, the planning and the retries.
+//! - [`watch`]: Kubernetes watches feeding the relay.
+//! - [`lease`]: leader election on a Lease.
+//! - [`metrics`], [`server`]: `/healthz`, `/readyz`, `/metrics`.
 
 pub mod cluster;
 pub mod invoker;
 pub mod kube;
+pub mod lease;
 pub mod memory;
+pub mod metrics;
 pub mod relay;
+pub mod server;
+pub mod watch;

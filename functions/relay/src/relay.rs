@@ -33,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::cluster::{Cluster, ClusterError, apply_outcome};
 use crate::invoker::{InvokeError, Invoker};
+use crate::metrics::Metrics;
 
 /// How the relay paces its work.
 #[derive(Debug, Clone)]
@@ -189,6 +190,7 @@ pub struct Relay<C, I> {
     wake: Notify,
     renders: Semaphore,
     pub stats: Stats,
+    pub metrics: Metrics,
 }
 
 impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
@@ -202,6 +204,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             wake: Notify::new(),
             renders,
             stats: Stats::default(),
+            metrics: Metrics::default(),
         }
     }
 
@@ -214,10 +217,68 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let key = revision_key(&pr);
         {
             let mut state = self.state();
+            if let Some(known) = state.revisions.get(&key)
+                && !newer(
+                    &pr.metadata.resource_version,
+                    &known.metadata.resource_version,
+                )
+            {
+                // the echo of the relay's own write, or an older event
+                return;
+            }
             state.revisions.insert(key.clone(), pr);
             state.enqueue(Work::Revision(key), Instant::now());
         }
         self.wake.notify_one();
+    }
+
+    /// Forgets the revisions a complete list no longer holds (deleted
+    /// while the watch was away).
+    pub fn retain_revisions(&self, listed: &BTreeSet<(String, String)>) {
+        let mut state = self.state();
+        let gone: Vec<Key> = state
+            .revisions
+            .iter()
+            .filter(|(_, pr)| {
+                !listed.contains(&(
+                    pr.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                    pr.metadata.name.clone().unwrap_or_default(),
+                ))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            state.revisions.remove(&key);
+            state.queue.remove(&Work::Revision(key.clone()));
+            state.deliveries.remove(&key);
+            state.refused.remove(&key);
+        }
+    }
+
+    /// Forgets the Repositories a complete list no longer holds.
+    pub fn retain_repositories(&self, listed: &BTreeSet<(String, String)>) {
+        let mut state = self.state();
+        let gone: Vec<Key> = state
+            .repositories
+            .iter()
+            .filter(|(_, r)| {
+                !listed.contains(&(
+                    r.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                    r.metadata.name.clone().unwrap_or_default(),
+                ))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in gone {
+            state.queue.remove(&Work::Sync(key.clone()));
+            state.repositories.remove(&key);
+        }
     }
 
     /// A revision is gone.
@@ -238,11 +299,23 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         {
             let mut state = self.state();
             let repository_key = key_of(namespace.as_deref(), Some(&name));
+            let known = state.repositories.get(&repository_key);
+            if known.is_some_and(|k| {
+                k.metadata.resource_version.is_some()
+                    && k.metadata.resource_version == repository.metadata.resource_version
+            }) {
+                return;
+            }
+            // a new Repository or a new spec syncs now; a status change
+            // waits for the next periodic sync
+            let spec_changed = known.is_none_or(|k| k.spec != repository.spec);
             state
                 .repositories
                 .insert(repository_key.clone(), repository);
             let now = Instant::now();
-            state.enqueue(Work::Sync(repository_key), now);
+            if spec_changed {
+                state.enqueue(Work::Sync(repository_key), now);
+            }
             let keys: Vec<Key> = state
                 .revisions
                 .iter()
@@ -253,6 +326,15 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                 state.enqueue(Work::Revision(key), now);
             }
         }
+        self.wake.notify_one();
+    }
+
+    /// Syncs a Repository now instead of at its next interval.
+    pub fn request_sync(&self, namespace: &str, name: &str) {
+        self.state().enqueue(
+            Work::Sync(key_of(Some(namespace), Some(name))),
+            Instant::now(),
+        );
         self.wake.notify_one();
     }
 
@@ -273,9 +355,17 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             .cloned()
     }
 
-    /// Revisions waiting (due now or later), for `/metrics`.
+    /// Revisions and Repositories waiting (due now or later).
     pub fn queue_depth(&self) -> usize {
         self.state().queue.len()
+    }
+
+    /// The Prometheus text exposition, the queue depth taken now.
+    pub fn encode_metrics(&self) -> String {
+        self.metrics
+            .queue_depth
+            .set(i64::try_from(self.queue_depth()).unwrap_or(i64::MAX));
+        self.metrics.encode()
     }
 
     /// Runs everything due now, one at a time, until nothing is: the
@@ -474,11 +564,20 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         } else {
             None
         };
+        let started = std::time::Instant::now();
         let result = self.invoker.invoke(&invocation).await;
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(InvokeError::Retryable(_)) => "retryable",
+            Err(InvokeError::Invalid(_)) => "invalid",
+        };
+        self.metrics
+            .observe(invocation.operation.as_str(), label, started.elapsed());
         match result {
             Ok(outcome) => self.settle(key, &invocation, &outcome).await,
             Err(InvokeError::Retryable(message)) => {
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                self.metrics.retries.inc();
                 let pause = self.backoff(invocation.attempt);
                 tracing::warn!(
                     revision = %key,
@@ -525,6 +624,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let mut reread = Vec::new();
         for target in &applied.conflicts {
             self.stats.conflicts.fetch_add(1, Ordering::Relaxed);
+            self.metrics.conflicts.inc();
             reread.push(target.clone());
         }
         reread.extend(outcome.delete.iter().cloned());
@@ -602,6 +702,19 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let random = uuid::Uuid::new_v4().as_u128() % 1000;
         let jitter = base.mul_f64(random as f64 / 4000.0);
         base + jitter
+    }
+}
+
+/// Whether resourceVersion `new` is later than `known`. Versions are
+/// opaque to clients, but the API server's are etcd revisions: compared
+/// as numbers when both are, otherwise any different version is news.
+fn newer(new: &Option<String>, known: &Option<String>) -> bool {
+    match (new, known) {
+        (Some(n), Some(k)) => match (n.parse::<u64>(), k.parse::<u64>()) {
+            (Ok(n), Ok(k)) => n > k,
+            _ => n != k,
+        },
+        _ => true,
     }
 }
 

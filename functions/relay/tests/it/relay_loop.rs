@@ -442,7 +442,10 @@ async fn a_sync_brings_in_what_git_holds_and_removes_what_it_lost() {
     // the tag goes in git: the next sync deletes the object (its finalizer
     // released by the delete handler, so nothing stays Terminating)
     git(&world.bare, &["tag", "-d", "shop/v1"]);
+    // the same Repository again is no news; a sync is asked for
     relay.observe_repository(world.repository.clone());
+    assert_eq!(relay.drain().await, 0);
+    relay.request_sync("default", "blueprints");
     relay.drain().await;
     let left = shop(&world.cluster.lock().expect("lock"));
     assert!(

@@ -1,0 +1,62 @@
+//! The relay's HTTP endpoints: `/healthz` (the process answers), `/readyz`
+//! (the first lists of PackageRevisions and Repositories are in), and
+//! `/metrics` (Prometheus text).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+/// What the endpoints read.
+#[derive(Clone)]
+pub struct Health {
+    /// Set once every watch has listed its objects.
+    pub ready: Vec<Arc<AtomicBool>>,
+    /// The Prometheus text, produced on each scrape.
+    pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("ready", &self.ready)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The router of the three endpoints.
+pub fn router(health: Health) -> Router {
+    let ready = health.ready.clone();
+    let metrics = Arc::clone(&health.metrics);
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    if ready.iter().all(|r| r.load(Ordering::SeqCst)) {
+                        (StatusCode::OK, "ok")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "watches not listed yet")
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        metrics(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+}
