@@ -11,7 +11,10 @@
 //! - [`watch`]: Kubernetes watches feeding the relay.
 //! - [`lease`]: leader election on a Lease.
 //! - [`metrics`], [`server`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`app`]: the `porch-relay` process (configuration, leader election,
+//!   graceful stop).
 
+pub mod app;
 pub mod cluster;
 pub mod invoker;
 pub mod kube;

@@ -1,5 +1,6 @@
 //! The relay's HTTP endpoints: `/healthz` (the process answers), `/readyz`
-//! (the first lists of PackageRevisions and Repositories are in), and
+//! (a standby, or a leader whose first lists of PackageRevisions and
+//! Repositories are in), and
 //! `/metrics` (Prometheus text).
 
 use std::sync::Arc;
@@ -15,6 +16,9 @@ use axum::routing::get;
 pub struct Health {
     /// Set once every watch has listed its objects.
     pub ready: Vec<Arc<AtomicBool>>,
+    /// With leader election: whether this replica leads. A standby is
+    /// ready (it has nothing to list), so rollouts do not wait on it.
+    pub leading: Option<Arc<AtomicBool>>,
     /// The Prometheus text, produced on each scrape.
     pub metrics: Arc<dyn Fn() -> String + Send + Sync>,
 }
@@ -30,6 +34,7 @@ impl std::fmt::Debug for Health {
 /// The router of the three endpoints.
 pub fn router(health: Health) -> Router {
     let ready = health.ready.clone();
+    let leading = health.leading.clone();
     let metrics = Arc::clone(&health.metrics);
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -37,8 +42,11 @@ pub fn router(health: Health) -> Router {
             "/readyz",
             get(move || {
                 let ready = ready.clone();
+                let leading = leading.clone();
                 async move {
-                    if ready.iter().all(|r| r.load(Ordering::SeqCst)) {
+                    if leading.is_some_and(|l| !l.load(Ordering::SeqCst)) {
+                        (StatusCode::OK, "standby")
+                    } else if ready.iter().all(|r| r.load(Ordering::SeqCst)) {
                         (StatusCode::OK, "ok")
                     } else {
                         (StatusCode::SERVICE_UNAVAILABLE, "watches not listed yet")

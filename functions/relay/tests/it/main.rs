@@ -6,5 +6,7 @@
 
 mod kube_cluster;
 mod lambda_http;
+mod lease;
 mod relay_loop;
 mod support;
+mod watch;

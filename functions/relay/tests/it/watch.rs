@@ -1,0 +1,151 @@
+//! The watches against a mock API server: the initial list, watch events
+//! (added, modified, deleted), a watch that ends and is resumed, and a
+//! re-list that forgets what is gone; the health endpoints follow.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use porch_relay::invoker::InvokeError;
+use porch_relay::relay::{Relay, RelayConfig};
+use serde_json::json;
+use tower::ServiceExt;
+use wiremock::matchers::{method, path, query_param, query_param_is_missing};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support::World;
+
+/// An invoker that does nothing.
+struct Nothing;
+
+impl porch_relay::invoker::Invoker for Nothing {
+    async fn invoke(
+        &self,
+        _invocation: &porch_api::invocation::Invocation,
+    ) -> Result<porch_api::invocation::Outcome, InvokeError> {
+        Ok(porch_api::invocation::Outcome::none())
+    }
+}
+
+fn revision(name: &str, version: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                     "resourceVersion": version, "generation": 1},
+        "spec": {"packageName": name.split('.').nth(1).unwrap_or("p"), "repository": "blueprints",
+                 "workspaceName": "v1", "lifecycle": "Draft"}
+    })
+}
+
+#[tokio::test]
+async fn watches_list_follow_and_forget_and_readiness_follows_the_lists() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let server = MockServer::start().await;
+    let collection = "/apis/porch.kpt.dev/v1alpha2/packagerevisions";
+    Mock::given(method("GET"))
+        .and(path(collection))
+        .and(query_param_is_missing("watch"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevisionList",
+            "metadata": {"resourceVersion": "100"},
+            "items": [revision("blueprints.listed.v1", "90"), revision("blueprints.gone.v1", "91")]
+        })))
+        .mount(&server)
+        .await;
+    let events = [
+        json!({"type": "ADDED", "object": revision("blueprints.added.v1", "101")}),
+        json!({"type": "MODIFIED", "object": revision("blueprints.listed.v1", "102")}),
+        json!({"type": "DELETED", "object": revision("blueprints.gone.v1", "103")}),
+        json!({"type": "BOOKMARK", "object": {"apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
+               "metadata": {"resourceVersion": "103"}}}),
+    ]
+    .iter()
+    .map(|e| format!("{e}\n"))
+    .collect::<String>();
+    Mock::given(method("GET"))
+        .and(path(collection))
+        .and(query_param("watch", "true"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "application/json")
+                .set_body_string(events),
+        )
+        .mount(&server)
+        .await;
+    let config = kube::Config::new(server.uri().parse().expect("uri"));
+    let client = kube::Client::try_from(config).expect("client");
+
+    let world = World::new();
+    let relay = Arc::new(Relay::new(
+        Arc::clone(&world.cluster),
+        Arc::new(Nothing),
+        RelayConfig::default(),
+    ));
+    let listed = Arc::new(AtomicBool::new(false));
+    let health = porch_relay::server::Health {
+        ready: vec![Arc::clone(&listed)],
+        leading: None,
+        metrics: {
+            let relay = Arc::clone(&relay);
+            Arc::new(move || relay.encode_metrics())
+        },
+    };
+    let get = |uri: &'static str| {
+        let router = porch_relay::server::router(health.clone());
+        async move {
+            let response = router
+                .oneshot(
+                    axum::http::Request::get(uri)
+                        .body(axum::body::Body::empty())
+                        .expect("request"),
+                )
+                .await
+                .expect("answer");
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .expect("body");
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    assert_eq!(get("/readyz").await.0, 503);
+    assert_eq!(get("/healthz").await, (200, "ok".to_owned()));
+
+    let watching = tokio::spawn(porch_relay::watch::revisions(
+        Arc::clone(&relay),
+        kube::Api::all(client),
+        Arc::clone(&listed),
+    ));
+    let mut state = (false, false, false);
+    for _ in 0..200 {
+        state = (
+            relay.revision("default", "blueprints.added.v1").is_some(),
+            relay
+                .revision("default", "blueprints.listed.v1")
+                .and_then(|p| p.metadata.resource_version)
+                .as_deref()
+                == Some("102"),
+            relay.revision("default", "blueprints.gone.v1").is_none(),
+        );
+        if state == (true, true, true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(state, (true, true, true), "added, modified, deleted");
+    assert_eq!(get("/readyz").await, (200, "ok".to_owned()));
+    let (status, metrics) = get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("porch_relay_queue_depth"), "{metrics}");
+    // the stream ended and was resumed: the same events again change nothing
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(relay.revision("default", "blueprints.gone.v1").is_none());
+    assert!(server.received_requests().await.expect("recorded").len() >= 2);
+    // a re-list that no longer holds a revision forgets it
+    let mut listed_now = std::collections::BTreeSet::new();
+    listed_now.insert(("default".to_owned(), "blueprints.added.v1".to_owned()));
+    relay.retain_revisions(&listed_now);
+    watching.abort();
+    assert!(relay.revision("default", "blueprints.listed.v1").is_none());
+    assert!(relay.revision("default", "blueprints.added.v1").is_some());
+}
