@@ -109,6 +109,10 @@ struct Delivery {
 #[derive(Debug, Default)]
 struct State {
     revisions: BTreeMap<Key, PackageRevision>,
+    /// Each revision's Repository (`<namespace>/<repository>`), and each
+    /// Repository's revisions: kept with `revisions` by `put` and `remove`.
+    repository_of: BTreeMap<Key, Key>,
+    members: BTreeMap<Key, BTreeSet<Key>>,
     repositories: BTreeMap<Key, Repository>,
     /// Revisions and Repositories with work to look at, and from when.
     queue: BTreeMap<Work, Instant>,
@@ -120,16 +124,35 @@ struct State {
 }
 
 impl State {
-    fn repository_key(&self, work: &Work) -> Option<Key> {
+    fn repository_key<'a>(&'a self, work: &'a Work) -> Option<&'a Key> {
         match work {
-            Work::Sync(repository) => Some(repository.clone()),
-            Work::Revision(key) => {
-                let pr = self.revisions.get(key)?;
-                Some(key_of(
-                    pr.metadata.namespace.as_deref(),
-                    Some(&pr.spec.repository),
-                ))
-            }
+            Work::Sync(repository) => Some(repository),
+            Work::Revision(key) => self.repository_of.get(key),
+        }
+    }
+
+    /// Keeps a revision and its place in the repository index.
+    fn put(&mut self, key: Key, pr: PackageRevision) {
+        let repository = key_of(pr.metadata.namespace.as_deref(), Some(&pr.spec.repository));
+        if let Some(old) = self.repository_of.insert(key.clone(), repository.clone())
+            && old != repository
+            && let Some(set) = self.members.get_mut(&old)
+        {
+            set.remove(&key);
+        }
+        self.members
+            .entry(repository)
+            .or_default()
+            .insert(key.clone());
+        self.revisions.insert(key, pr);
+    }
+
+    fn remove(&mut self, key: &Key) {
+        self.revisions.remove(key);
+        if let Some(repository) = self.repository_of.remove(key)
+            && let Some(set) = self.members.get_mut(&repository)
+        {
+            set.remove(key);
         }
     }
 
@@ -152,12 +175,12 @@ impl State {
                 !self.in_flight.contains(*w)
                     && self
                         .repository_key(w)
-                        .is_none_or(|r| !self.busy_repositories.contains(&r))
+                        .is_none_or(|r| !self.busy_repositories.contains(r))
             })?
             .clone();
         self.queue.remove(&work);
         self.in_flight.insert(work.clone());
-        if let Some(repository) = self.repository_key(&work) {
+        if let Some(repository) = self.repository_key(&work).cloned() {
             self.busy_repositories.insert(repository);
         }
         Some(work)
@@ -175,7 +198,7 @@ impl State {
             return;
         }
         if let Ok(pr) = serde_json::from_value::<PackageRevision>(object.clone()) {
-            self.revisions.insert(revision_key(&pr), pr);
+            self.put(revision_key(&pr), pr);
         }
     }
 }
@@ -226,7 +249,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                 // the echo of the relay's own write, or an older event
                 return;
             }
-            state.revisions.insert(key.clone(), pr);
+            state.put(key.clone(), pr);
             state.enqueue(Work::Revision(key), Instant::now());
         }
         self.wake.notify_one();
@@ -251,7 +274,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             .map(|(k, _)| k.clone())
             .collect();
         for key in gone {
-            state.revisions.remove(&key);
+            state.remove(&key);
             state.queue.remove(&Work::Revision(key.clone()));
             state.deliveries.remove(&key);
             state.refused.remove(&key);
@@ -285,7 +308,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
     pub fn forget_revision(&self, namespace: &str, name: &str) {
         let key = key_of(Some(namespace), Some(name));
         let mut state = self.state();
-        state.revisions.remove(&key);
+        state.remove(&key);
         state.queue.remove(&Work::Revision(key.clone()));
         state.deliveries.remove(&key);
         state.refused.remove(&key);
@@ -423,7 +446,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
     /// Plans, invokes and applies for one revision, or syncs one
     /// Repository; `true` when a handler ran.
     async fn process(&self, work: &Work) -> bool {
-        let repository_key = self.state().repository_key(work);
+        let repository_key = self.state().repository_key(work).cloned();
         let ran = match work {
             Work::Revision(key) => match self.plan(key) {
                 Some(invocation) => {
@@ -528,10 +551,38 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             },
         };
         state.deliveries.insert(key.clone(), delivery.clone());
-        let related: Vec<PackageRevision> = state
-            .revisions
-            .values()
-            .filter(|p| p.metadata.namespace == namespace)
+        // what the handlers read: the revisions of the same repository
+        // (workspaces, nesting, latest-revision labels), those the source
+        // names and, for a deletion, the downstreams of any repository;
+        // not the whole namespace, so an Invocation stays small however
+        // many repositories there are
+        let mut named = porch_engine::source::ExternalSources::referenced(&pr);
+        if let Some(copy) = pr.spec.source.as_ref().and_then(|s| s.copy_from.as_ref()) {
+            named.push(copy.name.clone());
+        }
+        let repository_key = key_of(namespace.as_deref(), Some(&pr.spec.repository));
+        let mut keys: BTreeSet<Key> = state
+            .members
+            .get(&repository_key)
+            .cloned()
+            .unwrap_or_default();
+        keys.extend(named.iter().map(|n| key_of(namespace.as_deref(), Some(n))));
+        if operation == Operation::Delete {
+            // a deletion checks every downstream that locks onto it
+            keys.extend(
+                state
+                    .revisions
+                    .iter()
+                    .filter(|(_, p)| {
+                        p.metadata.namespace == namespace
+                            && p.status.as_ref().is_some_and(|s| s.upstream_lock.is_some())
+                    })
+                    .map(|(k, _)| k.clone()),
+            );
+        }
+        let related: Vec<PackageRevision> = keys
+            .iter()
+            .filter_map(|k| state.revisions.get(k))
             .cloned()
             .collect();
         let upstream = upstream_of(&pr, &related);
@@ -645,7 +696,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             match object {
                 Some(object) => state.store(&object),
                 None => {
-                    state.revisions.remove(&k);
+                    state.remove(&k);
                 }
             }
             touched.push(k);
