@@ -4,6 +4,7 @@
 //! invoker against mock servers with the API server's and Lambda's real
 //! answers.
 
+mod apiserver;
 mod kube_cluster;
 mod lambda_http;
 mod lease;
