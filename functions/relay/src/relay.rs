@@ -259,21 +259,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
     /// while the watch was away).
     pub fn retain_revisions(&self, listed: &BTreeSet<(String, String)>) {
         let mut state = self.state();
-        let gone: Vec<Key> = state
-            .revisions
-            .iter()
-            .filter(|(_, pr)| {
-                !listed.contains(&(
-                    pr.metadata
-                        .namespace
-                        .clone()
-                        .unwrap_or_else(|| "default".into()),
-                    pr.metadata.name.clone().unwrap_or_default(),
-                ))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in gone {
+        for key in unlisted(&state.revisions, listed, |pr| &pr.metadata) {
             state.remove(&key);
             state.queue.remove(&Work::Revision(key.clone()));
             state.deliveries.remove(&key);
@@ -284,21 +270,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
     /// Forgets the Repositories a complete list no longer holds.
     pub fn retain_repositories(&self, listed: &BTreeSet<(String, String)>) {
         let mut state = self.state();
-        let gone: Vec<Key> = state
-            .repositories
-            .iter()
-            .filter(|(_, r)| {
-                !listed.contains(&(
-                    r.metadata
-                        .namespace
-                        .clone()
-                        .unwrap_or_else(|| "default".into()),
-                    r.metadata.name.clone().unwrap_or_default(),
-                ))
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in gone {
+        for key in unlisted(&state.repositories, listed, |r| &r.metadata) {
             state.queue.remove(&Work::Sync(key.clone()));
             state.repositories.remove(&key);
         }
@@ -754,6 +726,25 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let jitter = base.mul_f64(random as f64 / 4000.0);
         base + jitter
     }
+}
+
+/// The keys of `objects` a complete list (namespace, name) does not hold.
+fn unlisted<T>(
+    objects: &BTreeMap<Key, T>,
+    listed: &BTreeSet<(String, String)>,
+    metadata: impl Fn(&T) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<Key> {
+    objects
+        .iter()
+        .filter(|(_, object)| {
+            let meta = metadata(object);
+            !listed.contains(&(
+                meta.namespace.clone().unwrap_or_else(|| "default".into()),
+                meta.name.clone().unwrap_or_default(),
+            ))
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 /// Whether resourceVersion `new` is later than `known`. Versions are

@@ -28,6 +28,77 @@ fn key(namespace: Option<&str>, name: Option<&str>) -> (String, String) {
     )
 }
 
+/// What a watch does with the objects of one kind.
+trait Feed<K> {
+    fn observe(&self, object: K);
+    fn forget(&self, namespace: &str, name: &str);
+    fn retain(&self, listed: &BTreeSet<(String, String)>);
+}
+
+impl<C: Cluster + 'static, I: Invoker + 'static> Feed<PackageRevision> for Relay<C, I> {
+    fn observe(&self, object: PackageRevision) {
+        self.observe_revision(object);
+    }
+    fn forget(&self, namespace: &str, name: &str) {
+        self.forget_revision(namespace, name);
+    }
+    fn retain(&self, listed: &BTreeSet<(String, String)>) {
+        self.retain_revisions(listed);
+    }
+}
+
+impl<C: Cluster + 'static, I: Invoker + 'static> Feed<Repository> for Relay<C, I> {
+    fn observe(&self, object: Repository) {
+        self.observe_repository(object);
+    }
+    fn forget(&self, namespace: &str, name: &str) {
+        self.forget_repository(namespace, name);
+    }
+    fn retain(&self, listed: &BTreeSet<(String, String)>) {
+        self.retain_repositories(listed);
+    }
+}
+
+/// Feeds every event of `api` to `feed` until the stream ends; sets
+/// `listed` after the first complete list.
+async fn follow<K, F>(feed: &F, api: Api<K>, listed: &AtomicBool)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+    F: Feed<K>,
+{
+    let kind = K::kind(&()).into_owned();
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    tokio::pin!(stream);
+    let mut seen = BTreeSet::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(Event::Init) => seen.clear(),
+            Ok(Event::InitApply(object)) => {
+                seen.insert(key(
+                    object.meta().namespace.as_deref(),
+                    object.meta().name.as_deref(),
+                ));
+                feed.observe(object);
+            }
+            Ok(Event::InitDone) => {
+                feed.retain(&seen);
+                listed.store(true, Ordering::SeqCst);
+            }
+            Ok(Event::Apply(object)) => feed.observe(object),
+            Ok(Event::Delete(object)) => feed.forget(
+                object.meta().namespace.as_deref().unwrap_or("default"),
+                object.meta().name.as_deref().unwrap_or(""),
+            ),
+            Err(e) => tracing::warn!(kind = %kind, error = %e, "watch interrupted; resuming"),
+        }
+    }
+}
+
 /// Feeds every PackageRevision event to the relay until the stream ends;
 /// sets `listed` after the first complete list.
 pub async fn revisions<C, I>(
@@ -38,31 +109,7 @@ pub async fn revisions<C, I>(
     C: Cluster + 'static,
     I: Invoker + 'static,
 {
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    tokio::pin!(stream);
-    let mut seen = BTreeSet::new();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => seen.clear(),
-            Ok(Event::InitApply(pr)) => {
-                seen.insert(key(
-                    pr.metadata.namespace.as_deref(),
-                    pr.metadata.name.as_deref(),
-                ));
-                relay.observe_revision(pr);
-            }
-            Ok(Event::InitDone) => {
-                relay.retain_revisions(&seen);
-                listed.store(true, Ordering::SeqCst);
-            }
-            Ok(Event::Apply(pr)) => relay.observe_revision(pr),
-            Ok(Event::Delete(pr)) => relay.forget_revision(
-                pr.metadata.namespace.as_deref().unwrap_or("default"),
-                pr.metadata.name.as_deref().unwrap_or(""),
-            ),
-            Err(e) => tracing::warn!(error = %e, "PackageRevision watch interrupted; resuming"),
-        }
-    }
+    follow(&*relay, api, &listed).await;
 }
 
 /// Feeds every Repository event to the relay until the stream ends; sets
@@ -75,33 +122,5 @@ pub async fn repositories<C, I>(
     C: Cluster + 'static,
     I: Invoker + 'static,
 {
-    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
-    tokio::pin!(stream);
-    let mut seen = BTreeSet::new();
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(Event::Init) => seen.clear(),
-            Ok(Event::InitApply(repository)) => {
-                seen.insert(key(
-                    repository.metadata.namespace.as_deref(),
-                    repository.metadata.name.as_deref(),
-                ));
-                relay.observe_repository(repository);
-            }
-            Ok(Event::InitDone) => {
-                relay.retain_repositories(&seen);
-                listed.store(true, Ordering::SeqCst);
-            }
-            Ok(Event::Apply(repository)) => relay.observe_repository(repository),
-            Ok(Event::Delete(repository)) => relay.forget_repository(
-                repository
-                    .metadata
-                    .namespace
-                    .as_deref()
-                    .unwrap_or("default"),
-                repository.metadata.name.as_deref().unwrap_or(""),
-            ),
-            Err(e) => tracing::warn!(error = %e, "Repository watch interrupted; resuming"),
-        }
-    }
+    follow(&*relay, api, &listed).await;
 }

@@ -94,6 +94,16 @@ impl ExternalSources {
     }
 }
 
+/// The git URL of the Invocation's Repository.
+fn repository_url(invocation: &Invocation) -> &str {
+    invocation
+        .repository
+        .spec
+        .git
+        .as_ref()
+        .map_or("", |g| g.repo.as_str())
+}
+
 /// A published revision's files and lock: read from this repository, or
 /// taken from what the caller read of the upstream Repository.
 fn read_revision(
@@ -106,13 +116,7 @@ fn read_revision(
 ) -> Result<(Files, GitLock), Refusal> {
     let name = revision.metadata.name.as_deref().unwrap_or("");
     if revision.spec.repository == pr.spec.repository {
-        let url = invocation
-            .repository
-            .spec
-            .git
-            .as_ref()
-            .map_or("", |g| g.repo.as_str());
-        return read_published(repo, layout, url, revision);
+        return read_published(repo, layout, repository_url(invocation), revision);
     }
     match external.revisions.get(name) {
         Some(Ok(read)) => Ok((read.files.clone(), read.lock.clone())),
@@ -308,12 +312,7 @@ fn compute(
 ) -> Result<(Files, &'static str), Refusal> {
     let source = pr.spec.source.as_ref().ok_or("no source")?;
     let kind = source.creation_source().ok_or("source has no fields set")?;
-    let url = invocation
-        .repository
-        .spec
-        .git
-        .as_ref()
-        .map_or("", |g| g.repo.as_str());
+    let url = repository_url(invocation);
     let siblings: Vec<&PackageRevision> = invocation
         .related
         .iter()

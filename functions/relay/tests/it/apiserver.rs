@@ -282,9 +282,5 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
             .any(|r| r.kind == "Repository" && r.uid == "repo-uid")),
         "adopted over HTTP"
     );
-    let subjects = git(&world.bare, &["log", "--format=%s", "drafts/app/v1"]);
-    let lines: Vec<&str> = subjects.lines().collect();
-    let mut unique = lines.clone();
-    unique.dedup();
-    assert_eq!(lines, unique, "no commit twice: {subjects}");
+    crate::support::assert_no_commit_twice(&world.bare, "drafts/app/v1");
 }

@@ -204,11 +204,7 @@ async fn a_stale_patch_is_re_read_and_re_planned_without_a_second_commit() {
         Some("yes"),
         "the other writer's change is kept"
     );
-    let subjects = git(&world.bare, &["log", "--format=%s", "drafts/app/v1"]);
-    let lines: Vec<&str> = subjects.lines().collect();
-    let mut unique = lines.clone();
-    unique.dedup();
-    assert_eq!(lines, unique, "no commit twice: {subjects}");
+    crate::support::assert_no_commit_twice(&world.bare, "drafts/app/v1");
 }
 
 /// An invoker that answers from a script and remembers what it got.

@@ -114,3 +114,13 @@ pub(crate) fn condition(pr: &PackageRevision, type_: &str) -> String {
         .map(|c| format!("{}/{}", c.status, c.reason))
         .unwrap_or_default()
 }
+
+/// Asserts that no commit of `branch` repeats its parent's subject: a
+/// handler that ran twice did its work once.
+pub(crate) fn assert_no_commit_twice(bare: &Path, branch: &str) {
+    let subjects = git(bare, &["log", "--format=%s", branch]);
+    let lines: Vec<&str> = subjects.lines().collect();
+    let mut unique = lines.clone();
+    unique.dedup();
+    assert_eq!(lines, unique, "no commit twice: {subjects}");
+}
