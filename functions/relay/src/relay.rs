@@ -198,7 +198,16 @@ impl State {
             return;
         }
         if let Ok(pr) = serde_json::from_value::<PackageRevision>(object.clone()) {
-            self.put(revision_key(&pr), pr);
+            let key = revision_key(&pr);
+            // a write that released the last finalizer of an object being
+            // deleted leaves nothing: the API server removes it
+            let gone = pr.metadata.deletion_timestamp.is_some()
+                && pr.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+            if gone {
+                self.remove(&key);
+            } else {
+                self.put(key, pr);
+            }
         }
     }
 }

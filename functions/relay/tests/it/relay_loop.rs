@@ -119,6 +119,31 @@ async fn a_draft_is_sourced_rendered_proposed_and_published_through_the_relay() 
         Some("true")
     );
     assert_eq!(relay.drain().await, 0);
+
+    // a draft deleted in the API: its branch goes, its finalizer is
+    // released, and the delete handler runs once
+    relay.observe_revision(world.create_draft("tmp"));
+    relay.drain().await;
+    invoker.take();
+    assert!(git(&world.bare, &["branch", "--list"]).contains("drafts/tmp/v1"));
+    world
+        .cluster
+        .lock()
+        .expect("lock")
+        .delete("default", "blueprints.tmp.v1")
+        .expect("marked for deletion");
+    relay.observe_revision(world.object("blueprints.tmp.v1").expect("terminating"));
+    relay.drain().await;
+    assert_eq!(invoker.take(), vec!["delete"]);
+    assert!(
+        world.object("blueprints.tmp.v1").is_none(),
+        "gone from the API"
+    );
+    assert!(
+        relay.revision("default", "blueprints.tmp.v1").is_none(),
+        "and from the relay's view"
+    );
+    assert!(!git(&world.bare, &["branch", "--list"]).contains("drafts/tmp/v1"));
     assert_eq!(relay.stats.conflicts.load(Ordering::Relaxed), 0);
 }
 
