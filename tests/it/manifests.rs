@@ -129,3 +129,106 @@ async fn the_router_answers_every_configured_path() {
         assert_eq!(response.status(), http::StatusCode::OK, "{path}");
     }
 }
+
+#[tokio::test]
+async fn the_relay_manifests_match_the_relay() {
+    use tower::ServiceExt;
+    let docs = render("relay");
+    let deployment = find(&docs, "Deployment", "porch-relay");
+    let pod = &deployment["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    assert_eq!(pod["spec"]["serviceAccountName"], "porch-relay");
+
+    // the webhook Service never selects the relay's pods
+    let base = render("base");
+    let selector = &find(&base, "Service", "porch-webhooks")["spec"]["selector"];
+    let labels = &pod["metadata"]["labels"];
+    assert!(
+        selector
+            .as_object()
+            .expect("selector")
+            .iter()
+            .any(|(k, v)| labels[k] != *v),
+        "{labels} matches the webhook Service selector {selector}"
+    );
+
+    // the probes ask the relay's own router, on the port it listens on
+    assert!(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .any(|a| a == "--listen=0.0.0.0:8081")
+    );
+    assert_eq!(container["ports"][0]["containerPort"], 8081);
+    let health = porch_relay::server::Health {
+        ready: Vec::new(),
+        leading: None,
+        metrics: std::sync::Arc::new(String::new),
+    };
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let path = container[probe]["httpGet"]["path"].as_str().expect("path");
+        let response = porch_relay::server::router(health.clone())
+            .oneshot(
+                http::Request::get(path)
+                    .body(axum::body::Body::empty())
+                    .expect("request"),
+            )
+            .await
+            .expect("response");
+        assert_eq!(response.status(), http::StatusCode::OK, "{probe} {path}");
+    }
+    // the Lease's holder and namespace come from the downward API
+    let env: Vec<(&str, &str)> = container["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?,
+                e["valueFrom"]["fieldRef"]["fieldPath"].as_str()?,
+            ))
+        })
+        .collect();
+    assert!(env.contains(&("POD_NAME", "metadata.name")), "{env:?}");
+    assert!(
+        env.contains(&("POD_NAMESPACE", "metadata.namespace")),
+        "{env:?}"
+    );
+
+    // least privilege: exactly the resources the relay's cluster writes,
+    // no Secrets
+    let role = find(&docs, "ClusterRole", "porch-relay");
+    let rules = role["rules"].as_array().expect("rules");
+    let plural =
+        |api_version: &str, kind: &str| porch_relay::kube::resource(api_version, kind).plural;
+    let verbs = |resource: &str| -> Vec<&str> {
+        rules
+            .iter()
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
+            })
+            .flat_map(|r| r["verbs"].as_array().into_iter().flatten())
+            .filter_map(|v| v.as_str())
+            .collect()
+    };
+    let revisions = plural("porch.kpt.dev/v1alpha2", "PackageRevision");
+    assert_eq!(
+        verbs(&revisions),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
+    assert_eq!(verbs(&format!("{revisions}/status")), ["patch"]);
+    assert_eq!(
+        verbs(&plural("config.porch.kpt.dev/v1alpha1", "Repository")),
+        ["get", "list", "watch"]
+    );
+    assert_eq!(verbs("events"), ["create"]);
+    assert!(verbs("secrets").is_empty());
+    let lease = find(&docs, "Role", "porch-relay-leader-election");
+    assert_eq!(
+        lease["rules"],
+        serde_json::json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}])
+    );
+}
