@@ -13,7 +13,7 @@ use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
 use porch_git::s3::AnyStore;
 
-use crate::invoker::{InProcess, InvokeError, Invoker, LambdaHttp};
+use crate::invoker::{AwsLambda, InProcess, InvokeError, Invoker, LambdaHttp};
 use crate::kube::KubeCluster;
 use crate::lease::LeaseLock;
 use crate::relay::{Relay, RelayConfig};
@@ -28,6 +28,10 @@ pub enum InvokerKind {
     InProcess,
     /// The Lambda Invoke API over HTTP (`cargo lambda watch`).
     Http,
+    /// AWS Lambda's Invoke API, signed with the environment's AWS
+    /// credentials (IRSA in EKS); region and endpoint from `AWS_REGION`
+    /// and `AWS_ENDPOINT_URL_LAMBDA`.
+    Aws,
 }
 
 /// The relay's configuration.
@@ -54,7 +58,7 @@ pub struct Config {
     /// Function names are this prefix and the operation (`porch-render`).
     #[arg(long, env = "PORCH_FUNCTION_PREFIX", default_value = "porch-")]
     pub function_prefix: String,
-    /// How long one handler run may take over HTTP.
+    /// How long one handler run may take over HTTP or AWS.
     #[arg(long, env = "PORCH_INVOKE_TIMEOUT_SECONDS", default_value_t = 900)]
     pub invoke_timeout_seconds: u64,
     /// Watch one namespace (default: all).
@@ -90,6 +94,7 @@ pub struct Config {
 pub enum AnyInvoker {
     InProcess(InProcess<AnyStore>),
     Http(LambdaHttp),
+    Aws(AwsLambda),
 }
 
 impl Invoker for AnyInvoker {
@@ -97,6 +102,7 @@ impl Invoker for AnyInvoker {
         match self {
             AnyInvoker::InProcess(i) => i.invoke(invocation).await,
             AnyInvoker::Http(i) => i.invoke(invocation).await,
+            AnyInvoker::Aws(i) => i.invoke(invocation).await,
         }
     }
 }
@@ -117,6 +123,13 @@ async fn invoker(config: &Config) -> anyhow::Result<AnyInvoker> {
                 Duration::from_secs(config.invoke_timeout_seconds),
             )
             .map_err(|e| anyhow::anyhow!(e))?,
+        ),
+        InvokerKind::Aws => AnyInvoker::Aws(
+            AwsLambda::from_env(
+                &config.function_prefix,
+                Duration::from_secs(config.invoke_timeout_seconds),
+            )
+            .await,
         ),
     })
 }

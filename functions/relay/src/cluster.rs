@@ -128,14 +128,36 @@ pub struct Applied {
     pub skipped_applies: usize,
     pub deleted: usize,
     pub events: usize,
+    /// Applies and deletes the API server refused or failed, each with
+    /// why; the others were still made (one bad object of a repository
+    /// sync must not hold back the rest).
+    pub failed: Vec<WriteFailure>,
+}
+
+/// One write of an Outcome that did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteFailure {
+    /// `<namespace>/<name>` of the object.
+    pub target: String,
+    pub message: String,
+}
+
+fn apply_target(apply: &Apply) -> String {
+    format!(
+        "{}/{}",
+        apply.object["metadata"]["namespace"].as_str().unwrap_or(""),
+        apply.object["metadata"]["name"].as_str().unwrap_or("")
+    )
 }
 
 /// Applies `outcome` through `cluster`: patches in order (each stale one
 /// skipped and reported, the rest still applied), then server-side
-/// applies, deletes and events.
+/// applies, deletes and events. An apply or delete that fails is reported
+/// in [`Applied::failed`] and the rest are still made.
 ///
 /// # Errors
-/// The API server could not be reached; what was applied before stays.
+/// A patch could not be made (the API server is unreachable or refused
+/// it); what was applied before stays.
 pub async fn apply_outcome<C: Cluster>(
     cluster: &C,
     outcome: &Outcome,
@@ -156,21 +178,25 @@ pub async fn apply_outcome<C: Cluster>(
         }
     }
     for apply in &outcome.apply {
-        match cluster.apply(apply).await? {
-            Written::Applied(object) => {
-                let target = format!(
-                    "{}/{}",
-                    object["metadata"]["namespace"].as_str().unwrap_or(""),
-                    object["metadata"]["name"].as_str().unwrap_or("")
-                );
-                applied.objects.insert(target, object);
+        match cluster.apply(apply).await {
+            Ok(Written::Applied(object)) => {
+                applied.objects.insert(apply_target(apply), object);
             }
-            Written::Conflict(_) | Written::Missing => applied.skipped_applies += 1,
+            Ok(Written::Conflict(_) | Written::Missing) => applied.skipped_applies += 1,
+            Err(e) => applied.failed.push(WriteFailure {
+                target: apply_target(apply),
+                message: e.0,
+            }),
         }
     }
     for target in &outcome.delete {
-        cluster.delete(target).await?;
-        applied.deleted += 1;
+        match cluster.delete(target).await {
+            Ok(()) => applied.deleted += 1,
+            Err(e) => applied.failed.push(WriteFailure {
+                target: key(target),
+                message: e.0,
+            }),
+        }
     }
     for event in &outcome.events {
         // an Event that cannot be recorded loses a message, not work

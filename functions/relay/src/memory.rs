@@ -25,6 +25,10 @@ pub struct Objects {
     /// PackageRevisions by `<namespace>/<name>`.
     #[serde(default)]
     pub package_revisions: BTreeMap<String, Value>,
+    /// Repositories by `<namespace>/<name>`, as far as Outcomes write them
+    /// (the status repository sync sets).
+    #[serde(default)]
+    pub repositories: BTreeMap<String, Value>,
     /// Events recorded, oldest first (not saved).
     #[serde(skip)]
     pub events: Vec<EventRecord>,
@@ -55,8 +59,9 @@ fn now() -> String {
 }
 
 /// Merges `patch` into `target` as a server-side apply would for the
-/// fields it states: maps merge, everything else is replaced. Without
-/// `force`, fields already set are left alone.
+/// fields it states: maps merge, `conditions` merge by `type` (a list map
+/// in every schema here), everything else is replaced. Without `force`,
+/// fields already set are left alone.
 fn merge(target: &mut Value, patch: &Value, force: bool) {
     match (target, patch) {
         (Value::Object(t), Value::Object(p)) => {
@@ -64,6 +69,15 @@ fn merge(target: &mut Value, patch: &Value, force: bool) {
                 match t.get_mut(k) {
                     Some(existing) if existing.is_object() && v.is_object() => {
                         merge(existing, v, force);
+                    }
+                    Some(Value::Array(existing)) if k == "conditions" && v.is_array() => {
+                        for condition in v.as_array().into_iter().flatten() {
+                            match existing.iter_mut().find(|c| c["type"] == condition["type"]) {
+                                Some(c) if force => *c = condition.clone(),
+                                Some(_) => {}
+                                None => existing.push(condition.clone()),
+                            }
+                        }
                     }
                     Some(existing) if !force && !existing.is_null() => {}
                     _ => {
@@ -263,6 +277,9 @@ impl Objects {
 
     /// One server-side apply, as the API server merges it.
     pub fn server_side_apply(&mut self, apply: &Apply) -> Written {
+        if apply.object["kind"] == "Repository" {
+            return self.apply_repository(apply);
+        }
         let namespace = apply.object["metadata"]["namespace"]
             .as_str()
             .unwrap_or("default")
@@ -314,13 +331,57 @@ impl Objects {
     }
 }
 
+impl Objects {
+    /// A server-side apply to a Repository: its status (what repository
+    /// sync writes) merged into the one kept, created if new.
+    fn apply_repository(&mut self, apply: &Apply) -> Written {
+        let text = |pointer: &str| apply.object.pointer(pointer).and_then(Value::as_str);
+        let (Some(name), namespace) = (
+            text("/metadata/name"),
+            text("/metadata/namespace").unwrap_or("default"),
+        ) else {
+            return Written::Missing;
+        };
+        let k = key(namespace, name);
+        let version = self.next_version();
+        let object = self.repositories.entry(k).or_insert_with(|| {
+            json!({
+                "apiVersion": apply.object["apiVersion"],
+                "kind": "Repository",
+                "metadata": {"name": name, "namespace": namespace},
+            })
+        });
+        let part = if apply.subresource == Subresource::Status {
+            "status"
+        } else {
+            "spec"
+        };
+        if let Some(fields) = apply.object.get(part) {
+            if object[part].is_null() {
+                object[part] = json!({});
+            }
+            merge(&mut object[part], fields, apply.force);
+        }
+        object["metadata"]["resourceVersion"] = json!(version);
+        Written::Applied(object.clone())
+    }
+}
+
 fn locked(cell: &Mutex<Objects>) -> std::sync::MutexGuard<'_, Objects> {
     cell.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Cluster for Mutex<Objects> {
     async fn get(&self, target: &ObjectRef) -> Result<Option<Value>, ClusterError> {
-        Ok(locked(self).get(&target.namespace, &target.name).cloned())
+        let objects = locked(self);
+        Ok(if target.kind == "Repository" {
+            objects
+                .repositories
+                .get(&key(&target.namespace, &target.name))
+                .cloned()
+        } else {
+            objects.get(&target.namespace, &target.name).cloned()
+        })
     }
 
     async fn patch(&self, patch: &ObjectPatch) -> Result<Written, ClusterError> {

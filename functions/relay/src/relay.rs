@@ -22,8 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use porch_api::invocation::{EventRecord, EventType, Invocation, ObjectRef, Operation, Outcome};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use porch_api::invocation::{
+    Apply, EventRecord, EventType, Invocation, ObjectRef, Operation, Outcome, Subresource,
+};
 use porch_api::planner;
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
@@ -31,7 +33,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::cluster::{Cluster, ClusterError, apply_outcome};
+use crate::cluster::{Cluster, ClusterError, WriteFailure, Written, apply_outcome};
 use crate::invoker::{InvokeError, Invoker};
 use crate::metrics::Metrics;
 
@@ -194,6 +196,23 @@ impl State {
     }
 
     fn store(&mut self, object: &Value) {
+        if object["kind"] == "Repository" {
+            // the status a sync wrote: kept, so the next status write
+            // compares with it; no revision needs planning for it
+            let key = key_of(
+                object["metadata"]["namespace"].as_str(),
+                object["metadata"]["name"].as_str(),
+            );
+            if let Some(known) = self.repositories.get_mut(&key)
+                && let Ok(status) = serde_json::from_value(object["status"].clone())
+            {
+                known.status = Some(status);
+                known.metadata.resource_version = object["metadata"]["resourceVersion"]
+                    .as_str()
+                    .map(str::to_owned);
+            }
+            return;
+        }
         if object["kind"] != "PackageRevision" {
             return;
         }
@@ -311,14 +330,23 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                 return;
             }
             // a new Repository or a new spec syncs now; a status change
-            // waits for the next periodic sync
+            // (most often the relay's own sync status) waits for the next
+            // periodic sync and plans nothing
             let spec_changed = known.is_none_or(|k| k.spec != repository.spec);
+            let deleting_changed = known.is_some_and(|k| {
+                k.metadata.deletion_timestamp != repository.metadata.deletion_timestamp
+            });
             state
                 .repositories
                 .insert(repository_key.clone(), repository);
             let now = Instant::now();
             if spec_changed {
                 state.enqueue(Work::Sync(repository_key), now);
+            }
+            if !spec_changed && !deleting_changed {
+                drop(state);
+                self.wake.notify_one();
+                return;
             }
             let keys: Vec<Key> = state
                 .revisions
@@ -473,25 +501,66 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         };
         self.stats.syncs.fetch_add(1, Ordering::Relaxed);
         self.stats.invocations.fetch_add(1, Ordering::Relaxed);
-        let next = match self.invoker.invoke(&invocation).await {
-            Ok(outcome) => {
-                if self.settle_outcome(&outcome).await.is_ok() {
-                    self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
-                    self.config.sync_interval
-                } else {
+        let started = std::time::Instant::now();
+        let result = self.invoker.invoke(&invocation).await;
+        self.metrics.observe(
+            Operation::Sync.as_str(),
+            match &result {
+                Ok(_) => "ok",
+                Err(InvokeError::Retryable(_)) => "retryable",
+                Err(InvokeError::Invalid(_)) => "invalid",
+            },
+            started.elapsed(),
+        );
+        let retry_soon = self
+            .config
+            .backoff_base
+            .max(Duration::from_secs(1))
+            .min(self.config.sync_interval);
+        let next = match result {
+            Ok(outcome) => match self.settle_outcome(&outcome).await {
+                Ok((_, failed)) => {
+                    let complete = sync_complete_condition(&failed);
+                    self.write_repository_condition(
+                        &invocation.repository,
+                        complete,
+                        crate::kube::RELAY,
+                    )
+                    .await;
+                    if failed.is_empty() {
+                        self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
+                        self.config.sync_interval
+                    } else {
+                        self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(repository = %repository_key, failed = failed.len(), "sync partly failed");
+                        retry_soon
+                    }
+                }
+                Err(e) => {
                     self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(repository = %repository_key, error = %e, "sync outcome not applied");
                     self.config.backoff_base
                 }
-            }
+            },
             Err(e) => {
-                // a partial failure is retried sooner than the interval;
-                // the handler's error says which repository and why
+                // the handler's error says which repository and why; the
+                // Repository says so too, and the sync is retried sooner
+                // than the interval
                 self.stats.retried.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(repository = %repository_key, error = %e, "sync failed");
-                self.config
-                    .backoff_base
-                    .max(Duration::from_secs(1))
-                    .min(self.config.sync_interval)
+                let ready = repository_condition(
+                    porch_engine::sync::REPOSITORY_READY,
+                    false,
+                    "Error",
+                    &e.to_string(),
+                );
+                self.write_repository_condition(
+                    &invocation.repository,
+                    ready,
+                    porch_engine::sync::OWNER_MANAGER,
+                )
+                .await;
+                retry_soon
             }
         };
         self.state()
@@ -649,8 +718,12 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
     }
 
     /// Applies an Outcome, reads back what it changed into the relay's
-    /// view and queues the revisions it touched; the keys touched.
-    async fn settle_outcome(&self, outcome: &Outcome) -> Result<Vec<Key>, ClusterError> {
+    /// view and queues the revisions it touched; the keys touched and the
+    /// writes that failed.
+    async fn settle_outcome(
+        &self,
+        outcome: &Outcome,
+    ) -> Result<(Vec<Key>, Vec<WriteFailure>), ClusterError> {
         let applied = apply_outcome(&*self.cluster, outcome).await?;
         // what the writes left, read back at once
         let mut reread = Vec::new();
@@ -687,14 +760,24 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         for k in &touched {
             state.enqueue(Work::Revision(k.clone()), now);
         }
-        Ok(touched)
+        Ok((touched, applied.failed))
     }
 
     /// Applies a revision's Outcome and decides when to look at it again.
     async fn settle(&self, key: &Key, invocation: &Invocation, outcome: &Outcome) {
-        if let Err(e) = self.settle_outcome(outcome).await {
-            // the API server is unreachable: the same Invocation again
-            // later gives the same Outcome
+        let settled = match self.settle_outcome(outcome).await {
+            Ok((_, failed)) if !failed.is_empty() => Err(ClusterError(
+                failed
+                    .iter()
+                    .map(|f| format!("{}: {}", f.target, f.message))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )),
+            other => other.map(|_| ()),
+        };
+        if let Err(e) = settled {
+            // the API server is unreachable or refused a write: the same
+            // Invocation again later gives the same Outcome
             self.stats.retried.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(revision = %key, error = %e, "outcome not applied; retrying");
             let pause = self.backoff(invocation.attempt);
@@ -722,6 +805,61 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         }
     }
 
+    /// Sets one condition of a Repository's status with a server-side
+    /// apply by `manager`, when it says something new (status, reason or
+    /// message); `lastTransitionTime` moves only when the status does. A
+    /// write that fails is logged: the next sync writes again.
+    async fn write_repository_condition(
+        &self,
+        repository: &Repository,
+        mut condition: Condition,
+        manager: &str,
+    ) {
+        let key = key_of(
+            repository.metadata.namespace.as_deref(),
+            repository.metadata.name.as_deref(),
+        );
+        let current = self.state().repositories.get(&key).cloned();
+        let known = current
+            .as_ref()
+            .and_then(|r| r.status.as_ref())
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == condition.type_))
+            .cloned();
+        if let Some(known) = &known {
+            if known.status == condition.status
+                && known.reason == condition.reason
+                && known.message == condition.message
+            {
+                return;
+            }
+            if known.status == condition.status {
+                condition.last_transition_time = known.last_transition_time.clone();
+            }
+        }
+        condition.observed_generation = current.as_ref().and_then(|r| r.metadata.generation);
+        let apply = Apply {
+            field_manager: manager.to_owned(),
+            force: true,
+            subresource: Subresource::Status,
+            object: serde_json::json!({
+                "apiVersion": "config.porch.kpt.dev/v1alpha1",
+                "kind": "Repository",
+                "metadata": {
+                    "name": repository.metadata.name,
+                    "namespace": repository.metadata.namespace,
+                },
+                "status": {"conditions": [condition]},
+            }),
+        };
+        match self.cluster.apply(&apply).await {
+            Ok(Written::Applied(object)) => self.state().store(&object),
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(repository = %key, error = %e, "Repository status not written")
+            }
+        }
+    }
+
     /// The pause before delivery `attempt + 1`: exponential, capped, with
     /// up to a quarter of jitter so retries of many revisions spread out.
     fn backoff(&self, attempt: u32) -> Duration {
@@ -735,6 +873,47 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         let jitter = base.mul_f64(random as f64 / 4000.0);
         base + jitter
     }
+}
+
+/// The Repository condition that says whether the last sync wrote every
+/// PackageRevision it should have (the reference's TODO, spec §9 item 7).
+pub const SYNC_COMPLETE: &str = "PackageRevisionSyncComplete";
+
+/// How many failed writes a condition message names.
+const FAILURES_NAMED: usize = 5;
+
+fn repository_condition(type_: &str, ok: bool, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.to_owned(),
+        status: if ok { "True" } else { "False" }.to_owned(),
+        reason: reason.to_owned(),
+        message: message.chars().take(1024).collect(),
+        observed_generation: None,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+    }
+}
+
+/// `PackageRevisionSyncComplete` after a sync whose writes `failed`.
+fn sync_complete_condition(failed: &[WriteFailure]) -> Condition {
+    if failed.is_empty() {
+        return repository_condition(
+            SYNC_COMPLETE,
+            true,
+            "Synced",
+            "every package revision in git has its PackageRevision",
+        );
+    }
+    let mut message = format!("{} PackageRevision writes failed: ", failed.len());
+    let named: Vec<String> = failed
+        .iter()
+        .take(FAILURES_NAMED)
+        .map(|f| format!("{}: {}", f.target, f.message))
+        .collect();
+    message.push_str(&named.join("; "));
+    if failed.len() > FAILURES_NAMED {
+        message.push_str(&format!("; and {} more", failed.len() - FAILURES_NAMED));
+    }
+    repository_condition(SYNC_COMPLETE, false, "PartialFailure", &message)
 }
 
 /// The keys of `objects` a complete list (namespace, name) does not hold.

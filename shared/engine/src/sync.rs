@@ -11,6 +11,11 @@
 //!   deleted, and their finalizer released in the same Outcome so a revision
 //!   deleted directly in git does not hang in Terminating (§9 item 23). An
 //!   object whose source has not run yet is never stale.
+//! - The Repository's status (manager `repository-controller`, forced, as
+//!   the reference writes it, packagevariants spec §4.2): `Ready=True`,
+//!   `lastFullSyncTime`, `observedGeneration`, `observedRunOnceAt`,
+//!   `packageCount` and `gitCommitHash`. `lastTransitionTime` moves only
+//!   when `Ready` changes (the reference stamps it on every write).
 
 use json_patch::{PatchOperation, RemoveOperation};
 use porch_api::invocation::{
@@ -28,6 +33,9 @@ use crate::repository::layout;
 
 /// Field manager of the owned fields.
 pub const OWNER_MANAGER: &str = "repository-controller";
+/// The Repository condition a full sync sets (packagevariants spec §4.2).
+pub const REPOSITORY_READY: &str = "Ready";
+
 /// Field manager of the fields set once, on create.
 pub const SEED_MANAGER: &str = "repository-controller-seed";
 
@@ -119,9 +127,10 @@ pub async fn sync<R: Remote + 'static>(
     mirror.fetch().await?;
     let path = mirror.path().to_owned();
     let name = repository.clone();
-    let discovered = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
+    let (discovered, head) = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
         let repo = GitRepo::open(&path)?;
-        Ok(discover(&repo, &layout, &name, &url)?)
+        let head = repo.ref_id(&layout.branch_ref())?;
+        Ok((discover(&repo, &layout, &name, &url)?, head))
     })
     .await
     .map_err(|e| HandlerError::Internal(e.to_string()))??;
@@ -225,5 +234,66 @@ pub async fn sync<R: Remote + 'static>(
         }
         out.delete.push(ObjectRef::package_revision(stale));
     }
+    out.apply.push(repository_status(
+        invocation,
+        discovered.len(),
+        head.map(|id| id.to_string()).unwrap_or_default(),
+    ));
     Ok(out)
+}
+
+/// The Repository's status after a full sync, as a forced apply of the
+/// fields the repository controller owns.
+fn repository_status(invocation: &Invocation, package_count: usize, head: String) -> Apply {
+    let repository = &invocation.repository;
+    let generation = repository.metadata.generation.unwrap_or(0);
+    let time = invocation
+        .time
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .unwrap_or_default();
+    let ready = repository
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == REPOSITORY_READY));
+    let since = match ready {
+        Some(c) if c.status == "True" => c.last_transition_time.0.to_string(),
+        _ => time.clone(),
+    };
+    let mut status = serde_json::json!({
+        "conditions": [{
+            "type": REPOSITORY_READY,
+            "status": "True",
+            "reason": "Ready",
+            "message": "Repository Ready",
+            "observedGeneration": generation,
+            "lastTransitionTime": since,
+        }],
+        "lastFullSyncTime": time,
+        "observedGeneration": generation,
+        "packageCount": package_count,
+        "gitCommitHash": head,
+    });
+    if let Some(at) = repository
+        .spec
+        .sync
+        .as_ref()
+        .and_then(|s| s.run_once_at.as_ref())
+    {
+        status["observedRunOnceAt"] = serde_json::json!(at.0.to_string());
+    }
+    Apply {
+        field_manager: OWNER_MANAGER.into(),
+        force: true,
+        subresource: Subresource::Status,
+        object: serde_json::json!({
+            "apiVersion": "config.porch.kpt.dev/v1alpha1",
+            "kind": "Repository",
+            "metadata": {
+                "name": repository.metadata.name.clone().unwrap_or_default(),
+                "namespace": repository.metadata.namespace.clone().unwrap_or_default(),
+            },
+            "status": status,
+        }),
+    }
 }

@@ -28,6 +28,8 @@ struct FakeApiServer {
     /// Status patches answered 422 before being looked at, to show the
     /// relay re-reads and re-plans.
     conflicts: std::sync::atomic::AtomicUsize,
+    /// `<fieldManager> force=<force>` of each apply to a Repository status.
+    repository_applies: Arc<Mutex<Vec<String>>>,
 }
 
 fn status(code: u16, reason: &str, message: &str) -> ResponseTemplate {
@@ -169,6 +171,45 @@ impl wiremock::Respond for FakeApiServer {
                 }
             }
             (
+                "PATCH",
+                [
+                    "apis",
+                    "config.porch.kpt.dev",
+                    "v1alpha1",
+                    "namespaces",
+                    _,
+                    "repositories",
+                    _,
+                    "status",
+                ],
+            ) => {
+                let query = |key: &str| {
+                    request
+                        .url
+                        .query_pairs()
+                        .find(|(k, _)| k == key)
+                        .map(|(_, v)| v.into_owned())
+                };
+                let Ok(object) = serde_json::from_slice::<Value>(&request.body) else {
+                    return status(400, "BadRequest", "not an object");
+                };
+                if object["kind"] != "Repository" {
+                    return status(400, "BadRequest", "kind must be Repository");
+                }
+                let manager = query("fieldManager").unwrap_or_default();
+                let force = query("force").as_deref() == Some("true");
+                self.repository_applies
+                    .lock()
+                    .expect("lock")
+                    .push(format!("{manager} force={force}"));
+                Self::written(objects.server_side_apply(&Apply {
+                    field_manager: manager,
+                    force,
+                    subresource: Subresource::Status,
+                    object,
+                }))
+            }
+            (
                 "DELETE",
                 [
                     "apis",
@@ -199,6 +240,7 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
     let world = World::new();
     world.create_draft("app");
     let server = MockServer::start().await;
+    let repository_applies = Arc::new(Mutex::new(Vec::new()));
     Mock::given(wiremock::matchers::any())
         .respond_with(FakeApiServer {
             objects: Arc::clone(&world.cluster),
@@ -208,6 +250,7 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
                 repository
             },
             conflicts: std::sync::atomic::AtomicUsize::new(1),
+            repository_applies: Arc::clone(&repository_applies),
         })
         .mount(&server)
         .await;
@@ -239,11 +282,32 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         let _ = stopped.await;
     }));
 
-    let ready = || {
-        world.object("blueprints.app.v1").is_some_and(|pr| {
-            condition(&pr, "Rendered") == "True/Rendered"
-                && condition(&pr, "Ready").starts_with("True/")
+    let repository_status = || {
+        world
+            .cluster
+            .lock()
+            .expect("lock")
+            .repositories
+            .get("default/blueprints")
+            .map(|r| r["status"].clone())
+            .unwrap_or_default()
+    };
+    let synced = || {
+        let conditions = repository_status()["conditions"].clone();
+        ["Ready", "PackageRevisionSyncComplete"].iter().all(|t| {
+            conditions
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == *t && c["status"] == "True")
         })
+    };
+    let ready = || {
+        synced()
+            && world.object("blueprints.app.v1").is_some_and(|pr| {
+                condition(&pr, "Rendered") == "True/Rendered"
+                    && condition(&pr, "Ready").starts_with("True/")
+            })
     };
     for _ in 0..400 {
         if ready() {
@@ -283,4 +347,14 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         "adopted over HTTP"
     );
     crate::support::assert_no_commit_twice(&world.bare, "drafts/app/v1");
+    // the sync's status went to the Repository's status subresource: Ready
+    // by the repository controller's manager, the sync-complete condition
+    // by the relay's
+    assert_eq!(
+        *repository_applies.lock().expect("lock"),
+        ["repository-controller force=true", "porch-relay force=true"],
+        "{}",
+        repository_status()
+    );
+    assert!(repository_status()["gitCommitHash"].is_string());
 }

@@ -5,9 +5,11 @@
 //! answers.
 
 mod apiserver;
+mod aws_lambda;
 mod kube_cluster;
 mod lambda_http;
 mod lease;
 mod relay_loop;
+mod repository_status;
 mod support;
 mod watch;

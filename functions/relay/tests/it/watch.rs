@@ -149,3 +149,109 @@ async fn watches_list_follow_and_forget_and_readiness_follows_the_lists() {
     assert!(relay.revision("default", "blueprints.listed.v1").is_none());
     assert!(relay.revision("default", "blueprints.added.v1").is_some());
 }
+
+#[tokio::test]
+async fn an_expired_watch_re_lists_and_forgets_what_the_new_list_lacks() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let server = MockServer::start().await;
+    let collection = "/apis/porch.kpt.dev/v1alpha2/packagerevisions";
+    let list = |version: &str, items: Vec<serde_json::Value>| {
+        ResponseTemplate::new(200).set_body_json(json!({
+            "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevisionList",
+            "metadata": {"resourceVersion": version}, "items": items
+        }))
+    };
+    // the first list, then (after the watch expired) a newer one: `kept`
+    // stays, `dropped` went while the relay was away, `arrived` is new
+    Mock::given(method("GET"))
+        .and(path(collection))
+        .and(query_param_is_missing("watch"))
+        .respond_with(list(
+            "100",
+            vec![
+                revision("blueprints.kept.v1", "90"),
+                revision("blueprints.dropped.v1", "91"),
+            ],
+        ))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(collection))
+        .and(query_param_is_missing("watch"))
+        .respond_with(list(
+            "200",
+            vec![
+                revision("blueprints.kept.v1", "90"),
+                revision("blueprints.arrived.v1", "150"),
+            ],
+        ))
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    // the watch from version 100 is too old: the API server says 410 Gone
+    // in an ERROR event, as it does once etcd compacted that version
+    Mock::given(method("GET"))
+        .and(path(collection))
+        .and(query_param("watch", "true"))
+        .and(query_param("resourceVersion", "100"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "application/json")
+                .set_body_string(format!(
+                    "{}\n",
+                    json!({"type": "ERROR", "object": {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": "too old resource version: 100 (180)", "reason": "Expired", "code": 410}})
+                )),
+        )
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path(collection))
+        .and(query_param("watch", "true"))
+        .and(query_param("resourceVersion", "200"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "application/json")
+                .set_body_string("")
+                .set_delay(Duration::from_millis(200)),
+        )
+        .mount(&server)
+        .await;
+    let client = kube::Client::try_from(kube::Config::new(server.uri().parse().expect("uri")))
+        .expect("client");
+    let world = World::new();
+    let relay = Arc::new(Relay::new(
+        Arc::clone(&world.cluster),
+        Arc::new(Nothing),
+        RelayConfig::default(),
+    ));
+    let watching = tokio::spawn(porch_relay::watch::revisions(
+        Arc::clone(&relay),
+        kube::Api::all(client),
+        Arc::new(AtomicBool::new(false)),
+    ));
+    let seen = |name: &str| relay.revision("default", name).is_some();
+    let mut state = (false, false, false);
+    for _ in 0..250 {
+        state = (
+            seen("blueprints.kept.v1"),
+            seen("blueprints.dropped.v1"),
+            seen("blueprints.arrived.v1"),
+        );
+        if state == (true, false, true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    watching.abort();
+    assert_eq!(state, (true, false, true), "kept, dropped, arrived");
+    let requests = server.received_requests().await.unwrap_or_default();
+    let lists = requests
+        .iter()
+        .filter(|r| !r.url.query().unwrap_or("").contains("watch=true"))
+        .count();
+    assert_eq!(lists, 2, "listed again after the 410");
+}

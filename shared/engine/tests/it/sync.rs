@@ -148,6 +148,71 @@ async fn objects_that_match_git_are_left_alone() -> anyhow::Result<()> {
         objects.push(serde_json::from_value(object)?);
     }
     let second = sync(&sync_invocation(objects), &repo.mirror).await?;
-    assert!(second.is_empty(), "{second:?}");
+    // nothing for the PackageRevisions; the Repository's status only
+    assert!(
+        second.patches.is_empty() && second.delete.is_empty(),
+        "{second:?}"
+    );
+    let kinds: Vec<&serde_json::Value> = second.apply.iter().map(|a| &a.object["kind"]).collect();
+    assert_eq!(kinds, ["Repository"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_repository_status_says_ready_with_the_count_and_the_head() -> anyhow::Result<()> {
+    let repo = repo_with_draft(package(LABELS)).await?;
+    publish(&repo.mirror, "base", "v1", package(LABELS)).await?;
+    let mut invocation = sync_invocation(Vec::new());
+    invocation.repository.metadata.generation = Some(3);
+    let outcome = sync(&invocation, &repo.mirror).await?;
+    let status = outcome
+        .apply
+        .iter()
+        .find(|a| a.object["kind"] == "Repository")
+        .expect("the Repository's status");
+    assert_eq!(status.field_manager, OWNER_MANAGER);
+    assert!(status.force);
+    assert_eq!(status.subresource, Subresource::Status);
+    assert_eq!(status.object["metadata"]["name"], "blueprints");
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "main"])
+        .current_dir(&repo.remote)
+        .output()?;
+    let fields = &status.object["status"];
+    assert_eq!(
+        fields["gitCommitHash"],
+        String::from_utf8_lossy(&head.stdout).trim()
+    );
+    // the draft app/v1, base v1 and base's placeholder on main
+    assert_eq!(fields["packageCount"], 3);
+    assert_eq!(fields["observedGeneration"], 3);
+    assert_eq!(fields["lastFullSyncTime"], "2026-11-22T10:00:00Z");
+    assert_eq!(
+        fields["conditions"],
+        serde_json::json!([{"type": "Ready", "status": "True", "reason": "Ready",
+            "message": "Repository Ready", "observedGeneration": 3,
+            "lastTransitionTime": "2026-11-22T10:00:00Z"}])
+    );
+
+    // already Ready: a later sync keeps the time Ready became True
+    invocation.repository.status = Some(serde_json::from_value(serde_json::json!({
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+            "message": "Repository Ready", "lastTransitionTime": "2026-11-01T08:00:00Z"}]
+    }))?);
+    invocation.time = Some(serde_json::from_value(serde_json::json!(
+        "2026-11-22T11:00:00Z"
+    ))?);
+    let later = sync(&invocation, &repo.mirror).await?;
+    let fields = &later
+        .apply
+        .iter()
+        .find(|a| a.object["kind"] == "Repository")
+        .expect("the Repository's status")
+        .object["status"];
+    assert_eq!(
+        fields["conditions"][0]["lastTransitionTime"],
+        "2026-11-01T08:00:00Z"
+    );
+    assert_eq!(fields["lastFullSyncTime"], "2026-11-22T11:00:00Z");
     Ok(())
 }
