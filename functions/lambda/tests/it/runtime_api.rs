@@ -112,3 +112,51 @@ async fn answer(
     }
     StatusCode::ACCEPTED
 }
+
+/// The Lambda Invoke API (`POST /2015-03-31/functions/<name>/invocations`,
+/// what `cargo lambda watch` and AWS serve to callers) in front of one
+/// Runtime API per function: an answer comes back as the body, an error
+/// with `X-Amz-Function-Error: Unhandled`, an unknown function as Lambda's
+/// 404 `ResourceNotFoundException`.
+#[allow(
+    dead_code,
+    reason = "the handler benchmark calls the Runtime API directly"
+)]
+pub(crate) async fn invoke_api(functions: HashMap<String, RuntimeApi>) -> SocketAddr {
+    let app = axum::Router::new()
+        .route("/2015-03-31/functions/{name}/invocations", post(invoke))
+        .with_state(Arc::new(functions));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    address
+}
+
+async fn invoke(
+    State(functions): State<Arc<HashMap<String, RuntimeApi>>>,
+    UrlPath(name): UrlPath<String>,
+    body: axum::body::Bytes,
+) -> (StatusCode, HeaderMap, axum::Json<Value>) {
+    let mut headers = HeaderMap::new();
+    let Some(function) = functions.get(&name) else {
+        headers.insert(
+            "x-amzn-errortype",
+            "ResourceNotFoundException".parse().expect("header"),
+        );
+        return (
+            StatusCode::NOT_FOUND,
+            headers,
+            axum::Json(
+                serde_json::json!({"Type": "User", "message": format!("Function not found: {name}")}),
+            ),
+        );
+    };
+    let event = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (kind, answer) = function.call(event).await;
+    if kind == "error" {
+        headers.insert("x-amz-function-error", "Unhandled".parse().expect("header"));
+    }
+    (StatusCode::OK, headers, axum::Json(answer))
+}
