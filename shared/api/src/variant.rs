@@ -1,11 +1,16 @@
 //! PackageVariant (`config.porch.kpt.dev/v1alpha1`) and PackageVariantSet
-//! (`config.porch.kpt.dev/v1alpha2`): types only (packagevariants spec §1, §3).
+//! (`config.porch.kpt.dev/v1alpha2`): the types (packagevariants spec §1,
+//! §3).
 
 use crate::kptfile::Function;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    Condition, LabelSelector, LabelSelectorRequirement,
+};
 use kube::CustomResource;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::de::{DeserializeOwned, IntoDeserializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 /// Finalizer put on PackageVariants.
@@ -35,9 +40,9 @@ pub struct PackageVariantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downstream: Option<Downstream>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adoption_policy: Option<AdoptionPolicy>,
+    pub adoption_policy: Option<Policy<AdoptionPolicy>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deletion_policy: Option<DeletionPolicy>,
+    pub deletion_policy: Option<Policy<DeletionPolicy>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -90,6 +95,65 @@ pub enum DeletionPolicy {
     #[default]
     Delete,
     Orphan,
+}
+
+/// A policy as written. The reference takes any text here and reports an
+/// unknown value when it validates (spec §1.4, §3.3), so an unknown value is
+/// kept for validation to report in the reference's words; the CRD schema
+/// still lists only the known values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Policy<T> {
+    Known(T),
+    Unknown(String),
+}
+
+impl<T: Copy> Policy<T> {
+    /// The value, if it is one of the known ones.
+    pub fn known(&self) -> Option<T> {
+        match self {
+            Policy::Known(value) => Some(*value),
+            Policy::Unknown(_) => None,
+        }
+    }
+}
+
+impl<T> From<T> for Policy<T> {
+    fn from(value: T) -> Self {
+        Policy::Known(value)
+    }
+}
+
+impl<T: Serialize> Serialize for Policy<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Policy::Known(value) => value.serialize(serializer),
+            Policy::Unknown(text) => serializer.serialize_str(text),
+        }
+    }
+}
+
+impl<'de, T: DeserializeOwned> Deserialize<'de> for Policy<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let known: Result<T, serde::de::value::Error> =
+            T::deserialize(text.as_str().into_deserializer());
+        Ok(known.map_or(Policy::Unknown(text), Policy::Known))
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Policy<T> {
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+    fn schema_name() -> Cow<'static, str> {
+        T::schema_name()
+    }
+    fn schema_id() -> Cow<'static, str> {
+        T::schema_id()
+    }
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        T::json_schema(generator)
+    }
 }
 
 /// Keys to set in and remove from `package-context.yaml`.
@@ -182,15 +246,31 @@ pub struct RepositoryTarget {
 }
 
 /// `targets[].objectSelector`: a label selector over objects of one kind.
+// The selector's fields are spelled out, not a flattened `LabelSelector`: a
+// flattened struct hides unknown fields from a strict decode.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectSelector {
-    #[serde(flatten)]
-    pub selector: LabelSelector,
+    /// Labels the objects must have (ANDed with `matchExpressions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_labels: Option<BTreeMap<String, String>>,
+    /// Label requirements the objects must meet (ANDed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_expressions: Option<Vec<LabelSelectorRequirement>>,
     pub api_version: String,
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+}
+
+impl ObjectSelector {
+    /// The label selector part.
+    pub fn label_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: self.match_labels.clone(),
+            match_expressions: self.match_expressions.clone(),
+        }
+    }
 }
 
 /// How each generated PackageVariant is shaped.
@@ -200,9 +280,9 @@ pub struct PackageVariantTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downstream: Option<DownstreamTemplate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adoption_policy: Option<AdoptionPolicy>,
+    pub adoption_policy: Option<Policy<AdoptionPolicy>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deletion_policy: Option<DeletionPolicy>,
+    pub deletion_policy: Option<Policy<DeletionPolicy>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -336,4 +416,61 @@ pub struct PackageVariantSetStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn policies_keep_unknown_text_and_write_it_back() {
+        let spec: PackageVariantSpec = serde_json::from_value(
+            json!({"adoptionPolicy": "adoptExisting", "deletionPolicy": "Orphan"}),
+        )
+        .expect("decodes");
+        assert_eq!(
+            spec.adoption_policy,
+            Some(Policy::Known(AdoptionPolicy::AdoptExisting))
+        );
+        assert_eq!(spec.deletion_policy, Some(Policy::Unknown("Orphan".into())));
+        assert_eq!(
+            spec.adoption_policy.as_ref().and_then(Policy::known),
+            Some(AdoptionPolicy::AdoptExisting)
+        );
+        assert_eq!(spec.deletion_policy.as_ref().and_then(Policy::known), None);
+        assert_eq!(
+            serde_json::to_value(&spec).expect("encodes"),
+            json!({"adoptionPolicy": "adoptExisting", "deletionPolicy": "Orphan"})
+        );
+        let wrong: Result<PackageVariantSpec, _> =
+            serde_json::from_value(json!({"deletionPolicy": 3}));
+        assert!(wrong.is_err(), "not text");
+    }
+
+    #[test]
+    fn the_schema_of_a_policy_is_the_known_values() {
+        let generator = &mut schemars::SchemaGenerator::default();
+        assert_eq!(
+            Policy::<DeletionPolicy>::json_schema(generator),
+            DeletionPolicy::json_schema(generator)
+        );
+    }
+
+    #[test]
+    fn object_selector_converts_to_a_label_selector() {
+        let selector: ObjectSelector = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "matchLabels": {"env": "edge"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a"]}],
+        }))
+        .expect("decodes");
+        let labels = selector.label_selector();
+        assert_eq!(
+            labels.match_labels,
+            Some(BTreeMap::from([("env".to_owned(), "edge".to_owned())]))
+        );
+        assert_eq!(labels.match_expressions.map(|e| e.len()), Some(1));
+    }
 }
