@@ -1,6 +1,13 @@
 //! PackageVariant (`config.porch.kpt.dev/v1alpha1`) and PackageVariantSet
 //! (`config.porch.kpt.dev/v1alpha2`): the types (packagevariants spec §1,
-//! §3).
+//! §3) and their validation (§1.4, §3.3).
+
+mod validate;
+
+pub use validate::{
+    MAX_SHOWN_ERRORS, RESERVED_PACKAGE_CONTEXT_KEYS, ValidationErrors,
+    validate_package_variant_name,
+};
 
 use crate::kptfile::Function;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
