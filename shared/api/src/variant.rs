@@ -1,6 +1,7 @@
 //! PackageVariant (`config.porch.kpt.dev/v1alpha1`) and PackageVariantSet
 //! (`config.porch.kpt.dev/v1alpha2`): the types (packagevariants spec §1,
-//! §3) and their validation (§1.4, §3.3).
+//! §3), their validation (§1.4, §3.3) and how a set names its variants
+//! (§3.7).
 
 mod validate;
 
@@ -17,8 +18,10 @@ use kube::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::{DeserializeOwned, IntoDeserializer};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha1::{Digest, Sha1};
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 /// Finalizer put on PackageVariants.
 pub const PACKAGE_VARIANT_FINALIZER: &str = "config.porch.kpt.dev/packagevariants";
@@ -425,6 +428,49 @@ pub struct PackageVariantSetStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The key of the variant a PackageVariantSet makes for one downstream
+/// (spec §3.7): `<set name>-<repo>-<package>`. Existing variants are matched
+/// by the key computed from their spec, not by their name.
+pub fn package_variant_key(set_name: &str, downstream: &Downstream) -> String {
+    format!("{set_name}-{}-{}", downstream.repo, downstream.package)
+}
+
+/// Longest variant name, and how much of the key a shortened name keeps.
+const MAX_VARIANT_NAME: usize = crate::naming::MAX_LABEL_LEN;
+const KEPT_KEY_PREFIX: usize = 54;
+
+/// The name of the variant with this key (spec §3.7): the key itself when it
+/// is a DNS-1123 label, otherwise its first 54 characters, `-` and the first
+/// 8 hex digits of the key's SHA-1 (`my-pvs-dnrepo4-supersuper…-bec36506`).
+///
+/// The reference shortens only long keys, so a nested package (`a/b`) gave
+/// an invalid name and a set name with `.` a variant that cannot recognise
+/// its own functions; here any character a label cannot hold becomes `-` in
+/// the kept part, and the hash keeps such names apart.
+pub fn package_variant_name(key: &str) -> String {
+    if crate::naming::is_dns1123_label(key) {
+        return key.to_owned();
+    }
+    let kept: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(KEPT_KEY_PREFIX)
+        .collect();
+    let mut name = kept.trim_start_matches('-').to_owned();
+    name.push('-');
+    for byte in Sha1::digest(key.as_bytes()).iter().take(4) {
+        let _ = write!(name, "{byte:02x}");
+    }
+    debug_assert!(name.len() <= MAX_VARIANT_NAME);
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -479,5 +525,59 @@ mod tests {
             Some(BTreeMap::from([("env".to_owned(), "edge".to_owned())]))
         );
         assert_eq!(labels.match_expressions.map(|e| e.len()), Some(1));
+    }
+
+    fn downstream(repo: &str, package: &str) -> Downstream {
+        Downstream {
+            repo: repo.into(),
+            package: package.into(),
+        }
+    }
+
+    #[test]
+    fn variant_names_follow_the_reference() {
+        let key = package_variant_key("my-pvs", &downstream("dnrepo3", "dnpkg3"));
+        assert_eq!(key, "my-pvs-dnrepo3-dnpkg3");
+        assert_eq!(package_variant_name(&key), "my-pvs-dnrepo3-dnpkg3");
+        // the reference's own example of a long key
+        let long = package_variant_key(
+            "my-pvs",
+            &downstream(
+                "dnrepo4",
+                "supersupersuperloooooooooooooooooooooooooooooooooooooooooooooooooongpkgname",
+            ),
+        );
+        assert_eq!(
+            package_variant_name(&long),
+            "my-pvs-dnrepo4-supersupersuperlooooooooooooooooooooooo-bec36506"
+        );
+        // 63 characters is still a name
+        let edge = "a".repeat(63);
+        assert_eq!(package_variant_name(&edge), edge);
+        assert_eq!(package_variant_name(&"a".repeat(64)).len(), 63);
+    }
+
+    #[test]
+    fn variant_names_are_labels_where_the_reference_gave_bad_ones() {
+        let nested = package_variant_key("my-pvs", &downstream("edge", "net/basens"));
+        let flat = package_variant_key("my-pvs", &downstream("edge", "net-basens"));
+        let dotted = package_variant_key("my.pvs", &downstream("edge", "basens"));
+        let names: Vec<String> = [&nested, &flat, &dotted]
+            .into_iter()
+            .map(|key| package_variant_name(key))
+            .collect();
+        for name in &names {
+            assert!(crate::naming::is_dns1123_label(name), "{name}");
+        }
+        assert_eq!(names[1], "my-pvs-edge-net-basens");
+        assert!(
+            names[0].starts_with("my-pvs-edge-net-basens-"),
+            "{}",
+            names[0]
+        );
+        assert_ne!(names[0], names[1], "the hash keeps them apart");
+        assert!(names[2].starts_with("my-pvs-edge-basens-"), "{}", names[2]);
+        // the same key always gives the same name
+        assert_eq!(package_variant_name(&nested), names[0]);
     }
 }
