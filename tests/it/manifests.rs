@@ -1,6 +1,8 @@
 //! `infra/k8s` renders with kustomize, and what it renders matches the code:
 //! every webhook calls a path the router serves, the CRD converts through
-//! `/convert`, and the webhooks cover both served PackageRevision versions.
+//! `/convert`, the webhooks cover both served PackageRevision versions, every
+//! served version of every CRD is validated by a kind `/validate` handles, and
+//! every overlay reaches every webhook.
 
 use std::path::Path;
 use std::process::Command;
@@ -99,15 +101,179 @@ fn base_manifests_match_the_router_and_the_crds() {
     );
 }
 
+/// `(group, version, plural, kind)` of every served version of every CRD.
+fn served_resources(docs: &[serde_json::Value]) -> Vec<(String, String, String, String)> {
+    let mut served = Vec::new();
+    for crd in docs
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+    {
+        let spec = &crd["spec"];
+        let text = |v: &serde_json::Value| v.as_str().expect("a string").to_owned();
+        for version in spec["versions"].as_array().expect("versions") {
+            if version["served"] == true {
+                served.push((
+                    text(&spec["group"]),
+                    text(&version["name"]),
+                    text(&spec["names"]["plural"]),
+                    text(&spec["names"]["kind"]),
+                ));
+            }
+        }
+    }
+    served
+}
+
+fn strings(value: &serde_json::Value) -> Vec<&str> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn every_served_resource_is_validated_by_a_kind_the_router_handles() {
+    use tower::ServiceExt;
+    let docs = render("base");
+    let validating = find(&docs, "ValidatingWebhookConfiguration", "porch-webhooks");
+    let state = porch_webhooks::AppState::new(
+        porch_webhooks::config::WebhookConfig::default(),
+        std::sync::Arc::new(porch_webhooks::authz::StaticAuthorizer::DenyAll),
+    );
+    let served = served_resources(&docs);
+    assert_eq!(served.len(), 5, "{served:?}");
+    for (group, version, plural, kind) in served {
+        let covered = validating["webhooks"]
+            .as_array()
+            .expect("webhooks")
+            .iter()
+            .filter(|hook| hook["clientConfig"]["service"]["path"] == "/validate")
+            .flat_map(|hook| hook["rules"].as_array().into_iter().flatten())
+            .any(|rule| {
+                strings(&rule["apiGroups"]).contains(&group.as_str())
+                    && strings(&rule["apiVersions"]).contains(&version.as_str())
+                    && strings(&rule["resources"]).contains(&plural.as_str())
+                    && ["CREATE", "UPDATE"]
+                        .iter()
+                        .all(|op| strings(&rule["operations"]).contains(op))
+            });
+        assert!(
+            covered,
+            "no CREATE and UPDATE rule for {group}/{version} {plural}"
+        );
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u1",
+                "kind": {"group": group, "version": version, "kind": kind},
+                "resource": {"group": group, "version": version, "resource": plural},
+                "name": "x",
+                "namespace": "porch-demo",
+                "operation": "CREATE",
+                "userInfo": {"username": "alice@example.com"},
+                "object": {
+                    "apiVersion": format!("{group}/{version}"),
+                    "kind": kind,
+                    "metadata": {"name": "x", "namespace": "porch-demo"},
+                    "spec": {},
+                },
+            },
+        });
+        let response = porch_webhooks::router(state.clone())
+            .oneshot(
+                http::Request::post("/validate")
+                    .body(axum::body::Body::from(review.to_string()))
+                    .expect("request"),
+            )
+            .await
+            .expect("response");
+        let bytes = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+        let message = answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            !message.starts_with("unsupported kind"),
+            "{group}/{version} {kind}: {message}"
+        );
+    }
+}
+
+/// The admission webhook names of a configuration document.
+fn hook_names(config: &serde_json::Value) -> Vec<&str> {
+    config["webhooks"]
+        .as_array()
+        .expect("webhooks")
+        .iter()
+        .filter_map(|hook| hook["name"].as_str())
+        .collect()
+}
+
 #[test]
 fn overlays_render() {
+    let base = render("base");
     for overlay in ["overlays/cert-manager", "overlays/lambda-url"] {
         let docs = render(overlay);
-        assert!(
-            docs.iter()
-                .any(|d| d["kind"] == "ValidatingWebhookConfiguration"),
-            "{overlay}"
+        for kind in [
+            "ValidatingWebhookConfiguration",
+            "MutatingWebhookConfiguration",
+        ] {
+            let config = find(&docs, kind, "porch-webhooks");
+            assert_eq!(
+                hook_names(config),
+                hook_names(find(&base, kind, "porch-webhooks")),
+                "{overlay}"
+            );
+            if overlay.ends_with("lambda-url") {
+                // every webhook calls the function URL, none the Service
+                for hook in config["webhooks"].as_array().expect("webhooks") {
+                    let client = &hook["clientConfig"];
+                    assert!(client["service"].is_null(), "{}", hook["name"]);
+                    assert!(
+                        client["url"]
+                            .as_str()
+                            .is_some_and(|url| url.starts_with("https://")),
+                        "{}",
+                        hook["name"]
+                    );
+                }
+            }
+        }
+    }
+    // static-ca needs the operator's certificate files to render: its patch
+    // must still name every webhook, or one is left without a CA
+    let patch = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../infra/k8s/overlays/static-ca/ca-bundle-patch.yaml"),
+    )
+    .expect("static-ca patch");
+    let patched: Vec<serde_json::Value> = patch
+        .split("\n---\n")
+        .map(|doc| serde_saphyr::from_str(doc).expect("patch parses"))
+        .collect();
+    for kind in [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ] {
+        let config = find(&patched, kind, "porch-webhooks");
+        assert_eq!(
+            hook_names(config),
+            hook_names(find(&base, kind, "porch-webhooks")),
+            "static-ca"
         );
+        for hook in config["webhooks"].as_array().expect("webhooks") {
+            assert!(
+                hook["clientConfig"]["caBundle"].is_string(),
+                "{}",
+                hook["name"]
+            );
+        }
     }
 }
 

@@ -31,11 +31,13 @@ pub fn decode_raw<T: DeserializeOwned>(
     let mut unknown = Vec::new();
     let mut de = serde_json::Deserializer::from_str(raw.get());
     let typed = serde_ignored::deserialize(&mut de, |path| {
-        let path = path.to_string();
-        let top = path.split('.').next().unwrap_or_default();
+        let segments = field_segments(&path);
         // metadata belongs to the apiserver; status is not written here
-        if !matches!(top, "metadata" | "apiVersion" | "kind" | "status") {
-            unknown.push(path);
+        if !segments
+            .first()
+            .is_some_and(|top| OWN_FIELDS.contains(&top.as_str()))
+        {
+            unknown.push(segments.join("."));
         }
     })
     .map_err(|source| DecodeError::Invalid { what, source })?;
@@ -48,4 +50,34 @@ pub fn decode_raw<T: DeserializeOwned>(
         });
     }
     Ok(typed)
+}
+
+/// Top-level fields of an object that belong to the apiserver or are not
+/// written by clients; fields under them are not checked.
+pub(crate) const OWN_FIELDS: [&str; 4] = ["metadata", "apiVersion", "kind", "status"];
+
+/// The keys and indices of an ignored field, outermost first, without the
+/// `?` serde_ignored shows for an optional value (`spec.git.bogus`, not
+/// `spec.git.?.bogus`).
+pub(crate) fn field_segments(path: &serde_ignored::Path<'_>) -> Vec<String> {
+    let mut segments = Vec::new();
+    let mut at = path;
+    loop {
+        match at {
+            serde_ignored::Path::Root => break,
+            serde_ignored::Path::Map { parent, key } => {
+                segments.push(key.clone());
+                at = parent;
+            }
+            serde_ignored::Path::Seq { parent, index } => {
+                segments.push(index.to_string());
+                at = parent;
+            }
+            serde_ignored::Path::Some { parent }
+            | serde_ignored::Path::NewtypeStruct { parent }
+            | serde_ignored::Path::NewtypeVariant { parent } => at = parent,
+        }
+    }
+    segments.reverse();
+    segments
 }

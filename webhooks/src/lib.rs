@@ -1,11 +1,12 @@
-//! Admission and conversion webhooks for PackageRevision.
+//! Admission and conversion webhooks for PackageRevision, and admission for
+//! Repository, PackageVariant and PackageVariantSet.
 //!
 //! [`router`] answers `POST /validate`, `POST /mutate`, `POST /convert`,
 //! `GET /healthz` and `GET /metrics`. The same router is served over HTTPS by
 //! `porch-webhooks` ([`server`]), by `porch-webhooks-lambda` on AWS Lambda,
 //! and by tests with `oneshot`. Rules: spec `porch-v1alpha2.md` §2.3 (conversion),
 //! §4.3 (transitions), §6.2 (names), §9 items 1–3, 12–15 (what the reference
-//! leaves unchecked).
+//! leaves unchecked); `packagevariants.md` §1.4 and §3.3 (variants).
 
 pub mod authz;
 pub mod config;
@@ -72,10 +73,15 @@ pub fn router(state: AppState) -> Router {
 
 type Review = AdmissionReview<DynamicObject>;
 
-fn unsupported_kind(input: &RequestHead) -> String {
+/// What `/validate` handles, for the unsupported-kind answer.
+const VALIDATED_KINDS: &str = "porch.kpt.dev PackageRevision (v1alpha1, v1alpha2), config.porch.kpt.dev/v1alpha1 Repository and PackageVariant, and config.porch.kpt.dev/v1alpha2 PackageVariantSet";
+/// What `/mutate` handles.
+const MUTATED_KINDS: &str = "porch.kpt.dev PackageRevision (v1alpha1, v1alpha2)";
+
+fn unsupported_kind(input: &RequestHead, handled: &str) -> String {
     let k = &input.kind;
     format!(
-        "unsupported kind {}/{} {}: this webhook handles porch.kpt.dev PackageRevision (v1alpha1, v1alpha2) and config.porch.kpt.dev/v1alpha1 Repository",
+        "unsupported kind {}/{} {}: this webhook handles {handled}",
         k.group, k.version, k.kind
     )
 }
@@ -100,7 +106,11 @@ async fn decide_validate(state: &AppState, input: &AdmissionInput<'_>) -> Admiss
     ) {
         ("porch.kpt.dev", "PackageRevision", _) => validate::package_revision(input, &state.config),
         ("config.porch.kpt.dev", "Repository", "v1alpha1") => validate::repository(input),
-        _ => Verdict::Deny(unsupported_kind(input)),
+        ("config.porch.kpt.dev", "PackageVariant", "v1alpha1") => validate::package_variant(input),
+        ("config.porch.kpt.dev", "PackageVariantSet", "v1alpha2") => {
+            validate::package_variant_set(input)
+        }
+        _ => Verdict::Deny(unsupported_kind(input, VALIDATED_KINDS)),
     };
     answer(state, input, verdict).await
 }
@@ -192,7 +202,10 @@ fn decide_mutate(
 ) -> (AdmissionResponse, &'static str) {
     let response = input.allow();
     if input.kind.group != "porch.kpt.dev" || input.kind.kind != "PackageRevision" {
-        return (response.deny(unsupported_kind(input)), "denied");
+        return (
+            response.deny(unsupported_kind(input, MUTATED_KINDS)),
+            "denied",
+        );
     }
     match mutate::package_revision(input, &state.config) {
         Ok(ops) if ops.is_empty() => (response, "allowed"),

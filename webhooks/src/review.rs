@@ -169,44 +169,14 @@ pub fn parse_revision_review(body: &[u8]) -> Option<RevisionReview> {
 /// `request.object.<field>` outside metadata, status, apiVersion and kind,
 /// as `<field>`; everything else the envelope ignores on purpose.
 fn unknown_object_field(path: &serde_ignored::Path<'_>) -> Option<String> {
-    enum Segment<'p> {
-        Key(&'p str),
-        Index(usize),
-    }
-    let mut segments = Vec::new();
-    let mut at = path;
-    loop {
-        match at {
-            serde_ignored::Path::Root => break,
-            serde_ignored::Path::Map { parent, key } => {
-                segments.push(Segment::Key(key.as_str()));
-                at = parent;
-            }
-            serde_ignored::Path::Seq { parent, index } => {
-                segments.push(Segment::Index(*index));
-                at = parent;
-            }
-            serde_ignored::Path::Some { parent }
-            | serde_ignored::Path::NewtypeStruct { parent }
-            | serde_ignored::Path::NewtypeVariant { parent } => at = parent,
-        }
-    }
-    segments.reverse();
+    let segments = crate::decode::field_segments(path);
     match segments.as_slice() {
-        [
-            Segment::Key("request"),
-            Segment::Key("object"),
-            Segment::Key(top),
-            ..,
-        ] if !matches!(*top, "metadata" | "status" | "apiVersion" | "kind") => {
-            let field: Vec<String> = segments[2..]
-                .iter()
-                .map(|s| match s {
-                    Segment::Key(k) => (*k).to_owned(),
-                    Segment::Index(i) => i.to_string(),
-                })
-                .collect();
-            Some(field.join("."))
+        [request, object, top, ..]
+            if request == "request"
+                && object == "object"
+                && !crate::decode::OWN_FIELDS.contains(&top.as_str()) =>
+        {
+            Some(segments[2..].join("."))
         }
         _ => None,
     }

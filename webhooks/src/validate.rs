@@ -1,5 +1,6 @@
-//! `/validate`: the admission rules for PackageRevision (both versions) and
-//! Repository, as pure decisions. The one decision that needs I/O (the
+//! `/validate`: the admission rules for PackageRevision (both versions),
+//! Repository, and PackageVariant and PackageVariantSet ([`variant`]), as
+//! pure decisions. The one decision that needs I/O (the
 //! approval right) is returned as [`Verdict::NeedsApproval`] for the caller.
 //!
 //! Controllers (the relay, see [`WebhookConfig::controller_users`]) may
@@ -28,6 +29,10 @@ use porch_api::{
     V1ALPHA1_LATEST_REVISION_LABEL, v1alpha1,
 };
 use serde_json::value::RawValue;
+
+pub mod variant;
+
+pub use variant::{package_variant, package_variant_set};
 
 /// What the rules decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
