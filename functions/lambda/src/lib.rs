@@ -225,6 +225,8 @@ pub async fn main(operation: Operation) -> Result<(), lambda_runtime::Error> {
 /// An unknown name.
 pub fn operation(name: &str) -> Result<Operation, String> {
     serde_json::from_value(Value::String(name.to_owned())).map_err(|_| {
-        format!("unknown operation {name:?}: adopt, source, render, lifecycle, delete or sync")
+        format!(
+            "unknown operation {name:?}: adopt, source, render, lifecycle, delete, sync or variant"
+        )
     })
 }

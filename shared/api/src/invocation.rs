@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::repository::Repository;
 use crate::v1alpha2::PackageRevision;
+use crate::variant::PackageVariant;
 
 /// The work a handler does.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -25,6 +26,9 @@ pub enum Operation {
     Delete,
     /// Discover a repository's revisions and reconcile the objects.
     Sync,
+    /// Keep a PackageVariant's downstream package in step with its
+    /// upstream (packagevariants spec §2).
+    Variant,
 }
 
 impl Operation {
@@ -36,6 +40,7 @@ impl Operation {
             Operation::Lifecycle => "lifecycle",
             Operation::Delete => "delete",
             Operation::Sync => "sync",
+            Operation::Variant => "variant",
         }
     }
 }
@@ -61,6 +66,14 @@ pub struct Invocation {
     /// revisions for the latest-revision labels).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub related: Vec<PackageRevision>,
+    /// The PackageVariant, for `variant`; `repository` is then its
+    /// downstream Repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_variant: Option<PackageVariant>,
+    /// In-cluster objects a variant may inject into its package (the
+    /// kinds its package's injection points name, in its namespace).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_objects: Vec<serde_json::Value>,
     /// When the relay planned this work. Redeliveries carry the same time,
     /// and handlers write it (not their own clock) into conditions and
     /// commits, so a redelivered Invocation gets the same Outcome, byte for
@@ -142,6 +155,13 @@ impl Invocation {
                     REVISION,
                 )?;
             }
+        }
+        if !raw["packageVariant"].is_null() {
+            check(
+                "packageVariant",
+                &raw["packageVariant"],
+                "config.porch.kpt.dev/v1alpha1/PackageVariant",
+            )?;
         }
         for item in raw["related"].as_array().into_iter().flatten() {
             check("related", item, REVISION)?;

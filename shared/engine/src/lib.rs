@@ -29,6 +29,7 @@ pub mod secrets;
 pub mod source;
 mod status;
 pub mod sync;
+pub mod variant;
 
 pub use error::HandlerError;
 

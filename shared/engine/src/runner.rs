@@ -120,6 +120,9 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         if invocation.operation == Operation::Adopt {
             return crate::adopt::adopt(invocation);
         }
+        if invocation.operation == Operation::Variant {
+            return self.variant(invocation, &now).await;
+        }
         if !due(invocation) {
             // the handler would say the same after loading the repository
             crate::check(invocation, invocation.operation)?;
@@ -144,6 +147,7 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             Operation::Lifecycle => crate::lifecycle::lifecycle(invocation, mirror, &now).await,
             Operation::Delete => crate::delete::delete(invocation, mirror, &now).await,
             Operation::Sync => crate::sync::sync(invocation, mirror).await,
+            Operation::Variant => self.variant(invocation, &now).await,
         }?;
         self.close(session).await;
         Ok(outcome)
@@ -153,6 +157,27 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
     ///
     /// # Errors
     /// Bad names or no such revision in git (not retryable); git failures.
+    /// A variant: the decision from the objects, then the mutations on
+    /// the files of its downstream drafts (and, for a published
+    /// downstream, whether they would change it).
+    async fn variant(&self, invocation: &Invocation, now: &Time) -> Result<Outcome, HandlerError> {
+        let plan = crate::variant::reconcile(invocation, now)?;
+        if plan.mutate.is_empty() && plan.edit_if_changed.is_none() {
+            return Ok(plan.finish(false, None));
+        }
+        let session = self.open(&invocation.repository).await?;
+        let result = crate::variant::mutate(invocation, &plan, &session.mirror, now).await;
+        self.close(session).await;
+        let (mut requests, edit_needed, error) = match result {
+            Ok(done) => (done.render_requests, done.edit_needed, None),
+            Err(e) if !e.is_retryable() => (Vec::new(), false, Some(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        let mut outcome = plan.finish(edit_needed, error);
+        outcome.patches.append(&mut requests);
+        Ok(outcome)
+    }
+
     pub async fn read_revision(
         &self,
         repository: &Repository,
@@ -466,7 +491,7 @@ fn due(invocation: &Invocation) -> bool {
     };
     match invocation.operation {
         Operation::Delete => pr.metadata.deletion_timestamp.is_some(),
-        Operation::Sync => true,
+        Operation::Sync | Operation::Variant => true,
         op => planner::is_due(op, pr, &invocation.repository),
     }
 }

@@ -19,4 +19,5 @@ pub mod render;
 pub mod resource;
 pub mod resourcelist;
 pub mod runtime;
+pub mod variant;
 pub mod yaml;

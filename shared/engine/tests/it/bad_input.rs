@@ -23,6 +23,9 @@ async fn run(
         Operation::Lifecycle => porch_engine::lifecycle::lifecycle(inv, mirror, &now()).await,
         Operation::Delete => porch_engine::delete::delete(inv, mirror, &now()).await,
         Operation::Sync => porch_engine::sync::sync(inv, mirror).await,
+        Operation::Variant => {
+            porch_engine::variant::reconcile(inv, &now()).map(|p| p.finish(false, None))
+        }
     }
 }
 

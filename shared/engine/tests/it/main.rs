@@ -13,3 +13,4 @@ mod secrets;
 mod source;
 mod support;
 mod sync;
+mod variant;
