@@ -29,6 +29,10 @@ pub struct Objects {
     /// (the status repository sync sets).
     #[serde(default)]
     pub repositories: BTreeMap<String, Value>,
+    /// Objects of every other kind (PackageVariants, the objects they
+    /// inject) by `<kind>/<namespace>/<name>`.
+    #[serde(default)]
+    pub others: BTreeMap<String, Value>,
     /// Events recorded, oldest first (not saved).
     #[serde(skip)]
     pub events: Vec<EventRecord>,
@@ -243,6 +247,9 @@ impl Objects {
     /// changes nothing.
     pub fn patch(&mut self, patch: &ObjectPatch) -> Written {
         let target = &patch.target;
+        if target.kind != "PackageRevision" {
+            return self.patch_other(patch);
+        }
         let Some(object) = self.get(&target.namespace, &target.name).cloned() else {
             return Written::Missing;
         };
@@ -317,9 +324,21 @@ impl Objects {
                 if let Some(metadata) = map.get_mut("metadata").and_then(Value::as_object_mut) {
                     metadata.remove("name");
                     metadata.remove("namespace");
-                    // lists the apply owns are replaced whole
-                    if let Some(owners) = metadata.remove("ownerReferences") {
-                        object["metadata"]["ownerReferences"] = owners;
+                    // owner references are a list map keyed by uid: an
+                    // apply sets its entries and leaves other managers'
+                    if let Some(Value::Array(owners)) = metadata.remove("ownerReferences") {
+                        let list = &mut object["metadata"]["ownerReferences"];
+                        if !list.is_array() {
+                            *list = json!([]);
+                        }
+                        if let Some(list) = list.as_array_mut() {
+                            for owner in owners {
+                                match list.iter_mut().find(|o| o["uid"] == owner["uid"]) {
+                                    Some(existing) => *existing = owner,
+                                    None => list.push(owner),
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -331,7 +350,143 @@ impl Objects {
     }
 }
 
+fn other_key(kind: &str, namespace: &str, name: &str) -> String {
+    format!("{kind}/{namespace}/{name}")
+}
+
 impl Objects {
+    /// Stores an object of any kind but PackageRevision as the API server
+    /// creates it (uid, generation 1, a resourceVersion); returns it.
+    ///
+    /// # Errors
+    /// No name, or the name is taken.
+    pub fn create_object(&mut self, mut object: Value) -> Result<Value, ObjectError> {
+        let kind = object["kind"].as_str().unwrap_or("").to_owned();
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .ok_or_else(|| ObjectError::Invalid("metadata.name is required".into()))?
+            .to_owned();
+        let k = other_key(&kind, &namespace, &name);
+        if self.others.contains_key(&k) {
+            return Err(ObjectError::AlreadyExists(name));
+        }
+        let version = self.next_version();
+        let metadata = &mut object["metadata"];
+        metadata["namespace"] = json!(namespace);
+        metadata["uid"] = json!(uuid::Uuid::new_v4().to_string());
+        metadata["generation"] = json!(1);
+        metadata["resourceVersion"] = json!(version);
+        metadata["creationTimestamp"] = json!(now());
+        self.others.insert(k, object.clone());
+        Ok(object)
+    }
+
+    /// An object of any kind but PackageRevision.
+    pub fn object(&self, kind: &str, namespace: &str, name: &str) -> Option<&Value> {
+        if kind == "Repository" {
+            return self.repositories.get(&key(namespace, name));
+        }
+        self.others.get(&other_key(kind, namespace, name))
+    }
+
+    /// Changes an object of any kind but PackageRevision with `edit` as
+    /// [`Objects::update`] does (generation, resourceVersion, gone once
+    /// deleted without finalizers); returns it, or `None` once gone.
+    ///
+    /// # Errors
+    /// No such object.
+    pub fn update_object(
+        &mut self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        edit: impl FnOnce(&mut Value),
+    ) -> Result<Option<Value>, ObjectError> {
+        let version = self.next_version();
+        let k = other_key(kind, namespace, name);
+        let object = self
+            .others
+            .get_mut(&k)
+            .ok_or_else(|| ObjectError::NotFound(name.to_owned()))?;
+        let before = object["spec"].clone();
+        edit(object);
+        if object["spec"] != before {
+            let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
+            object["metadata"]["generation"] = json!(generation + 1);
+        }
+        object["metadata"]["resourceVersion"] = json!(version);
+        let gone = !object["metadata"]["deletionTimestamp"].is_null()
+            && object["metadata"]["finalizers"]
+                .as_array()
+                .is_none_or(Vec::is_empty);
+        if gone {
+            self.others.remove(&k);
+            return Ok(None);
+        }
+        Ok(Some(object.clone()))
+    }
+
+    /// Deletes an object of any kind but PackageRevision: marked for
+    /// deletion while finalizers remain.
+    ///
+    /// # Errors
+    /// No such object.
+    pub fn delete_object(
+        &mut self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Value>, ObjectError> {
+        self.update_object(kind, namespace, name, |object| {
+            if object["metadata"]["deletionTimestamp"].is_null() {
+                object["metadata"]["deletionTimestamp"] = json!(now());
+            }
+        })
+    }
+
+    fn patch_other(&mut self, patch: &ObjectPatch) -> Written {
+        let target = &patch.target;
+        let Some(mut patched) = self
+            .object(&target.kind, &target.namespace, &target.name)
+            .cloned()
+        else {
+            return Written::Missing;
+        };
+        if target.kind == "Repository" {
+            // Repositories are written by server-side apply only
+            return Written::Conflict("patch a Repository by apply".into());
+        }
+        if let Err(e) = json_patch::patch(&mut patched, &patch.patch) {
+            return Written::Conflict(e.to_string());
+        }
+        let subresource = patch.subresource;
+        let kept = patched.clone();
+        match self.update_object(&target.kind, &target.namespace, &target.name, |object| {
+            match subresource {
+                Subresource::Status => object["status"] = patched["status"].take(),
+                Subresource::Main => {
+                    let status = object["status"].take();
+                    *object = patched;
+                    object["status"] = status;
+                }
+            }
+            if object["status"].is_null()
+                && let Some(map) = object.as_object_mut()
+            {
+                map.remove("status");
+            }
+        }) {
+            Ok(Some(object)) => Written::Applied(object),
+            // the last finalizer went: the object is gone, as written
+            Ok(None) => Written::Applied(kept),
+            Err(_) => Written::Missing,
+        }
+    }
+
     /// A server-side apply to a Repository: its status (what repository
     /// sync writes) merged into the one kept, created if new.
     fn apply_repository(&mut self, apply: &Apply) -> Written {
@@ -374,13 +529,12 @@ fn locked(cell: &Mutex<Objects>) -> std::sync::MutexGuard<'_, Objects> {
 impl Cluster for Mutex<Objects> {
     async fn get(&self, target: &ObjectRef) -> Result<Option<Value>, ClusterError> {
         let objects = locked(self);
-        Ok(if target.kind == "Repository" {
-            objects
-                .repositories
-                .get(&key(&target.namespace, &target.name))
-                .cloned()
-        } else {
+        Ok(if target.kind == "PackageRevision" {
             objects.get(&target.namespace, &target.name).cloned()
+        } else {
+            objects
+                .object(&target.kind, &target.namespace, &target.name)
+                .cloned()
         })
     }
 
@@ -394,7 +548,12 @@ impl Cluster for Mutex<Objects> {
 
     async fn delete(&self, target: &ObjectRef) -> Result<(), ClusterError> {
         // one already gone is not an error
-        let _ = locked(self).delete(&target.namespace, &target.name);
+        let mut objects = locked(self);
+        if target.kind == "PackageRevision" {
+            let _ = objects.delete(&target.namespace, &target.name);
+        } else {
+            let _ = objects.delete_object(&target.kind, &target.namespace, &target.name);
+        }
         Ok(())
     }
 

@@ -29,6 +29,7 @@ use porch_api::invocation::{
 use porch_api::planner;
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
+use porch_api::variant::PackageVariant;
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
@@ -91,12 +92,18 @@ fn revision_key(pr: &PackageRevision) -> Key {
     )
 }
 
-/// One queue entry: a revision to plan for, or a Repository to sync.
+/// One queue entry: a revision to plan for, a Repository to sync, or a
+/// PackageVariant to reconcile.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Work {
     Revision(Key),
     Sync(Key),
+    Variant(Key),
 }
+
+/// `(namespace, repository, package)`: what a variant names upstream and
+/// downstream.
+type PackageKey = (String, String, String);
 
 /// An Invocation planned for one version of a revision.
 #[derive(Debug, Clone)]
@@ -123,6 +130,15 @@ struct State {
     deliveries: BTreeMap<Key, Delivery>,
     /// (operation, resourceVersion) an invalid Invocation was refused at.
     refused: BTreeMap<Key, (Operation, String)>,
+    variants: BTreeMap<Key, PackageVariant>,
+    /// Each variant's downstream Repository, its uid, and the variants
+    /// naming each package (upstream or downstream): a revision's event
+    /// wakes only the variants that own it or name its package.
+    variant_repository: BTreeMap<Key, Key>,
+    variant_uids: BTreeMap<String, Key>,
+    variants_by_package: BTreeMap<PackageKey, BTreeSet<Key>>,
+    /// A refused variant's resourceVersion.
+    refused_variants: BTreeMap<Key, String>,
 }
 
 impl State {
@@ -130,6 +146,7 @@ impl State {
         match work {
             Work::Sync(repository) => Some(repository),
             Work::Revision(key) => self.repository_of.get(key),
+            Work::Variant(key) => self.variant_repository.get(key),
         }
     }
 
@@ -155,6 +172,80 @@ impl State {
             && let Some(set) = self.members.get_mut(&repository)
         {
             set.remove(key);
+        }
+    }
+
+    /// Keeps a variant and its places in the indexes.
+    fn put_variant(&mut self, key: Key, pv: PackageVariant) {
+        self.unindex_variant(&key);
+        let namespace = pv
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        if let Some(uid) = &pv.metadata.uid {
+            self.variant_uids.insert(uid.clone(), key.clone());
+        }
+        let upstream = pv.spec.upstream.clone().unwrap_or_default();
+        let downstream = pv.spec.downstream.clone().unwrap_or_default();
+        for (repo, package) in [
+            (upstream.repo, upstream.package),
+            (downstream.repo.clone(), downstream.package),
+        ] {
+            self.variants_by_package
+                .entry((namespace.clone(), repo, package))
+                .or_default()
+                .insert(key.clone());
+        }
+        self.variant_repository.insert(
+            key.clone(),
+            key_of(Some(&namespace), Some(&downstream.repo)),
+        );
+        self.variants.insert(key, pv);
+    }
+
+    fn unindex_variant(&mut self, key: &Key) {
+        let Some(old) = self.variants.remove(key) else {
+            return;
+        };
+        if let Some(uid) = &old.metadata.uid {
+            self.variant_uids.remove(uid);
+        }
+        self.variant_repository.remove(key);
+        for set in self.variants_by_package.values_mut() {
+            set.remove(key);
+        }
+        self.variants_by_package.retain(|_, set| !set.is_empty());
+    }
+
+    /// The variants a revision's change may matter to: those owning it
+    /// and those naming its package.
+    fn variants_of(&self, pr: &PackageRevision) -> Vec<Key> {
+        let mut keys: BTreeSet<Key> = pr
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| r.kind == "PackageVariant")
+            .filter_map(|r| self.variant_uids.get(&r.uid).cloned())
+            .collect();
+        let package = (
+            pr.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            pr.spec.repository.clone(),
+            pr.spec.package_name.clone(),
+        );
+        if let Some(set) = self.variants_by_package.get(&package) {
+            keys.extend(set.iter().cloned());
+        }
+        keys.into_iter().collect()
+    }
+
+    fn enqueue_variants_of(&mut self, pr: &PackageRevision, at: Instant) {
+        for key in self.variants_of(pr) {
+            self.enqueue(Work::Variant(key), at);
         }
     }
 
@@ -213,10 +304,27 @@ impl State {
             }
             return;
         }
+        if object["kind"] == "PackageVariant" {
+            if let Ok(pv) = serde_json::from_value::<PackageVariant>(object.clone()) {
+                let key = key_of(
+                    pv.metadata.namespace.as_deref(),
+                    pv.metadata.name.as_deref(),
+                );
+                let gone = pv.metadata.deletion_timestamp.is_some()
+                    && pv.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+                if gone {
+                    self.unindex_variant(&key);
+                } else {
+                    self.put_variant(key, pv);
+                }
+            }
+            return;
+        }
         if object["kind"] != "PackageRevision" {
             return;
         }
         if let Ok(pr) = serde_json::from_value::<PackageRevision>(object.clone()) {
+            self.enqueue_variants_of(&pr, Instant::now());
             let key = revision_key(&pr);
             // a write that released the last finalizer of an object being
             // deleted leaves nothing: the API server removes it
@@ -277,10 +385,60 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                 // the echo of the relay's own write, or an older event
                 return;
             }
+            state.enqueue_variants_of(&pr, Instant::now());
             state.put(key.clone(), pr);
             state.enqueue(Work::Revision(key), Instant::now());
         }
         self.wake.notify_one();
+    }
+
+    /// A PackageVariant was added or changed: keep it and reconcile it.
+    pub fn observe_variant(&self, pv: PackageVariant) {
+        let key = key_of(
+            pv.metadata.namespace.as_deref(),
+            pv.metadata.name.as_deref(),
+        );
+        {
+            let mut state = self.state();
+            if let Some(known) = state.variants.get(&key)
+                && !newer(
+                    &pv.metadata.resource_version,
+                    &known.metadata.resource_version,
+                )
+            {
+                return;
+            }
+            state.put_variant(key.clone(), pv);
+            state.enqueue(Work::Variant(key), Instant::now());
+        }
+        self.wake.notify_one();
+    }
+
+    /// A PackageVariant is gone.
+    pub fn forget_variant(&self, namespace: &str, name: &str) {
+        let key = key_of(Some(namespace), Some(name));
+        let mut state = self.state();
+        state.unindex_variant(&key);
+        state.queue.remove(&Work::Variant(key.clone()));
+        state.refused_variants.remove(&key);
+    }
+
+    /// Forgets the PackageVariants a complete list no longer holds.
+    pub fn retain_variants(&self, listed: &BTreeSet<(String, String)>) {
+        let mut state = self.state();
+        for key in unlisted(&state.variants, listed, |pv| &pv.metadata) {
+            state.unindex_variant(&key);
+            state.queue.remove(&Work::Variant(key.clone()));
+            state.refused_variants.remove(&key);
+        }
+    }
+
+    /// The relay's view of a PackageVariant.
+    pub fn variant(&self, namespace: &str, name: &str) -> Option<PackageVariant> {
+        self.state()
+            .variants
+            .get(&key_of(Some(namespace), Some(name)))
+            .cloned()
     }
 
     /// Forgets the revisions a complete list no longer holds (deleted
@@ -308,6 +466,9 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
     pub fn forget_revision(&self, namespace: &str, name: &str) {
         let key = key_of(Some(namespace), Some(name));
         let mut state = self.state();
+        if let Some(pr) = state.revisions.get(&key).cloned() {
+            state.enqueue_variants_of(&pr, Instant::now());
+        }
         state.remove(&key);
         state.queue.remove(&Work::Revision(key.clone()));
         state.deliveries.remove(&key);
@@ -465,12 +626,227 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                 None => false,
             },
             Work::Sync(repository) => self.sync(repository).await,
+            Work::Variant(key) => self.reconcile_variant(key).await,
         };
         self.state().release(work, repository_key.as_ref());
         if ran {
             self.wake.notify_one();
         }
         ran
+    }
+
+    /// The Invocation for a variant: its downstream Repository (a bare
+    /// stand-in when there is none, which the handler reports), and the
+    /// revisions of its upstream and downstream packages and those it owns.
+    fn plan_variant(&self, key: &Key) -> Option<Invocation> {
+        let state = self.state();
+        let pv = state.variants.get(key)?.clone();
+        let version = pv.metadata.resource_version.clone().unwrap_or_default();
+        if state.refused_variants.get(key) == Some(&version) {
+            return None;
+        }
+        let namespace = pv
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let uid = pv.metadata.uid.clone().unwrap_or_default();
+        let upstream = pv.spec.upstream.clone().unwrap_or_default();
+        let downstream = pv.spec.downstream.clone().unwrap_or_default();
+        let repository = state
+            .repositories
+            .get(&key_of(Some(&namespace), Some(&downstream.repo)))
+            .cloned()
+            .unwrap_or_else(|| Repository {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(downstream.repo.clone()),
+                    namespace: Some(namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Default::default(),
+                status: None,
+            });
+        let mut related = Vec::new();
+        for (repo, package) in [
+            (&upstream.repo, &upstream.package),
+            (&downstream.repo, &downstream.package),
+        ] {
+            for k in state
+                .members
+                .get(&key_of(Some(&namespace), Some(repo)))
+                .into_iter()
+                .flatten()
+            {
+                if let Some(pr) = state.revisions.get(k)
+                    && pr.spec.package_name == *package
+                    && !related.contains(pr)
+                {
+                    related.push(pr.clone());
+                }
+            }
+        }
+        // owned revisions that are no longer the target (the downstream
+        // changed): deleted or orphaned by the handler
+        for pr in state.revisions.values() {
+            let owned = pr
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.uid == uid);
+            if owned
+                && pr.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && !related.contains(pr)
+            {
+                related.push(pr.clone());
+            }
+        }
+        Some(Invocation {
+            operation: Operation::Variant,
+            package_revision: None,
+            repository,
+            upstream: None,
+            upstream_repository: None,
+            related,
+            package_variant: Some(pv),
+            cluster_objects: Vec::new(),
+            time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+            attempt: 1,
+            request_id: uuid::Uuid::new_v4().to_string(),
+        })
+    }
+
+    /// The in-cluster objects a variant's injectors name (a ConfigMap when
+    /// the injector names no kind), read now.
+    async fn injectables(&self, pv: &PackageVariant) -> Vec<Value> {
+        let namespace = pv
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let mut found = Vec::new();
+        for injector in &pv.spec.injectors {
+            let group = injector.group.clone().unwrap_or_default();
+            let version = injector.version.clone().unwrap_or_else(|| "v1".into());
+            let kind = injector.kind.clone().unwrap_or_else(|| "ConfigMap".into());
+            let api_version = if group.is_empty() {
+                version
+            } else {
+                format!("{group}/{version}")
+            };
+            let target = ObjectRef {
+                api_version,
+                kind,
+                namespace: namespace.clone(),
+                name: injector.name.clone(),
+                uid: String::new(),
+            };
+            match self.cluster.get(&target).await {
+                Ok(Some(object)) if !found.contains(&object) => found.push(object),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(object = %target.name, error = %e, "injectable not read"),
+            }
+        }
+        found
+    }
+
+    /// Reconciles a variant; `true` when its handler ran.
+    async fn reconcile_variant(&self, key: &Key) -> bool {
+        let Some(mut invocation) = self.plan_variant(key) else {
+            return false;
+        };
+        let Some(pv) = invocation.package_variant.clone() else {
+            return false;
+        };
+        invocation.cluster_objects = self.injectables(&pv).await;
+        self.stats.invocations.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let result = self.invoker.invoke(&invocation).await;
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(InvokeError::Retryable(_)) => "retryable",
+            Err(InvokeError::Invalid(_)) => "invalid",
+        };
+        self.metrics
+            .observe(Operation::Variant.as_str(), label, started.elapsed());
+        let attempt = self
+            .state()
+            .deliveries
+            .get(&format!("variant:{key}"))
+            .map_or(1, |d| d.attempt + 1);
+        let retry = |relay: &Self, message: &str| {
+            relay.stats.retried.fetch_add(1, Ordering::Relaxed);
+            relay.metrics.retries.inc();
+            let pause = relay.backoff(attempt);
+            tracing::warn!(variant = %key, attempt, error = %message, "variant failed; retrying");
+            let mut state = relay.state();
+            state.deliveries.insert(
+                format!("variant:{key}"),
+                Delivery {
+                    operation: Operation::Variant,
+                    resource_version: String::new(),
+                    time: Time(k8s_openapi::jiff::Timestamp::now()),
+                    attempt,
+                    request_id: String::new(),
+                },
+            );
+            state.enqueue(Work::Variant(key.clone()), Instant::now() + pause);
+        };
+        match result {
+            Ok(outcome) => match self.settle_outcome(&outcome).await {
+                Ok((_, failed)) if failed.is_empty() => {
+                    self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
+                    let mut state = self.state();
+                    state.deliveries.remove(&format!("variant:{key}"));
+                    let now = Instant::now();
+                    if !(outcome.patches.is_empty()
+                        && outcome.apply.is_empty()
+                        && outcome.delete.is_empty())
+                    {
+                        state.enqueue(Work::Variant(key.clone()), now);
+                    }
+                    if let Some(seconds) = outcome.requeue_after_seconds {
+                        state.enqueue(
+                            Work::Variant(key.clone()),
+                            now + Duration::from_secs(seconds),
+                        );
+                    }
+                }
+                Ok((_, failed)) => {
+                    let message: Vec<String> = failed
+                        .iter()
+                        .map(|f| format!("{}: {}", f.target, f.message))
+                        .collect();
+                    retry(self, &message.join("; "));
+                }
+                Err(e) => retry(self, &e.to_string()),
+            },
+            Err(InvokeError::Retryable(message)) => retry(self, &message),
+            Err(InvokeError::Invalid(message)) => {
+                self.stats.invalid.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(variant = %key, error = %message, "handler refused the variant");
+                self.state().refused_variants.insert(
+                    key.clone(),
+                    pv.metadata.resource_version.clone().unwrap_or_default(),
+                );
+                let event = EventRecord {
+                    regarding: ObjectRef {
+                        api_version: "config.porch.kpt.dev/v1alpha1".into(),
+                        kind: "PackageVariant".into(),
+                        namespace: pv.metadata.namespace.clone().unwrap_or_default(),
+                        name: pv.metadata.name.clone().unwrap_or_default(),
+                        uid: pv.metadata.uid.clone().unwrap_or_default(),
+                    },
+                    type_: EventType::Warning,
+                    reason: "InvocationRefused".into(),
+                    message: format!("variant: {message}"),
+                };
+                if let Err(e) = self.cluster.record(&event).await {
+                    tracing::warn!(error = %e, "event not recorded");
+                }
+            }
+        }
+        true
     }
 
     /// Syncs a Repository with git: revisions discovered are applied,
@@ -753,13 +1129,20 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             let k = key_of(Some(&target.namespace), Some(&target.name));
             match object {
                 Some(object) => state.store(&object),
-                None => {
-                    state.remove(&k);
-                }
+                None if target.kind == "PackageVariant" => state.unindex_variant(&k),
+                None => state.remove(&k),
             }
             touched.push(k);
         }
         let now = Instant::now();
+        for (target, k) in reread
+            .iter()
+            .map(|t| (t, key_of(Some(&t.namespace), Some(&t.name))))
+        {
+            if target.kind == "PackageVariant" && state.variants.contains_key(&k) {
+                state.enqueue(Work::Variant(k), now);
+            }
+        }
         touched.retain(|k| state.revisions.contains_key(k));
         for k in &touched {
             state.enqueue(Work::Revision(k.clone()), now);

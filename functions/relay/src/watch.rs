@@ -1,5 +1,5 @@
-//! Kubernetes watches feeding the relay: PackageRevisions (v1alpha2) and
-//! Repositories, through kube-runtime watchers (list, then watch, resumed
+//! Kubernetes watches feeding the relay: PackageRevisions (v1alpha2),
+//! Repositories and PackageVariants, through kube-runtime watchers (list, then watch, resumed
 //! from the last resourceVersion after a disconnect, re-listed when it is
 //! too old, with backoff).
 //!
@@ -15,6 +15,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
+use porch_api::variant::PackageVariant;
 use tokio_stream::StreamExt;
 
 use crate::cluster::Cluster;
@@ -56,6 +57,18 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Feed<Repository> for Relay<C, I
     }
     fn retain(&self, listed: &BTreeSet<(String, String)>) {
         self.retain_repositories(listed);
+    }
+}
+
+impl<C: Cluster + 'static, I: Invoker + 'static> Feed<PackageVariant> for Relay<C, I> {
+    fn observe(&self, object: PackageVariant) {
+        self.observe_variant(object);
+    }
+    fn forget(&self, namespace: &str, name: &str) {
+        self.forget_variant(namespace, name);
+    }
+    fn retain(&self, listed: &BTreeSet<(String, String)>) {
+        self.retain_variants(listed);
     }
 }
 
@@ -117,6 +130,19 @@ pub async fn revisions<C, I>(
 pub async fn repositories<C, I>(
     relay: Arc<Relay<C, I>>,
     api: Api<Repository>,
+    listed: Arc<AtomicBool>,
+) where
+    C: Cluster + 'static,
+    I: Invoker + 'static,
+{
+    follow(&*relay, api, &listed).await;
+}
+
+/// Feeds every PackageVariant event to the relay until the stream ends;
+/// sets `listed` after the first complete list.
+pub async fn variants<C, I>(
+    relay: Arc<Relay<C, I>>,
+    api: Api<PackageVariant>,
     listed: Arc<AtomicBool>,
 ) where
     C: Cluster + 'static,

@@ -446,6 +446,21 @@ pub fn reconcile(invocation: &Invocation, now: &Time) -> Result<Plan, HandlerErr
             downstream.repo
         )));
     }
+    if invocation.repository.spec.git.is_none() {
+        // the relay found no downstream Repository
+        status.conditions = vec![
+            condition(STALLED, false, "Valid", "all validation checks passed", now),
+            condition(
+                READY,
+                false,
+                "Error",
+                &format!("repository {:?} could not be loaded", downstream.repo),
+                now,
+            ),
+        ];
+        plan.status = Some(status);
+        return Ok(plan);
+    }
     let upstream = match resolve_upstream(&pv, related) {
         Ok(upstream) => upstream,
         Err(message) => {

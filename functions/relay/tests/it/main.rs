@@ -12,4 +12,5 @@ mod lease;
 mod relay_loop;
 mod repository_status;
 mod support;
+mod variant;
 mod watch;

@@ -1,0 +1,221 @@
+//! A PackageVariant through the relay on real git: the downstream cloned
+//! from the upstream's latest published revision (and taken through
+//! source, render and Ready by the revision handlers), an upgrade draft
+//! when a new upstream revision is published, no duplicates however often
+//! the events come, and the deletion policy applied before the finalizer
+//! goes.
+
+use std::sync::Arc;
+
+use porch_api::variant::PackageVariant;
+use porch_relay::invoker::InProcess;
+use porch_relay::memory::Objects;
+use porch_relay::relay::{Relay, RelayConfig};
+use serde_json::{Value, json};
+
+use crate::support::{World, condition, git};
+
+/// Takes `name` from Draft to Published as a user and an approver would.
+async fn publish<C, I>(world: &World, relay: &Relay<C, I>, name: &str)
+where
+    C: porch_relay::cluster::Cluster + 'static,
+    I: porch_relay::invoker::Invoker + 'static,
+{
+    let proposed = world.edit(name, |o| o["spec"]["lifecycle"] = json!("Proposed"));
+    relay.observe_revision(proposed);
+    relay.drain().await;
+    let approved = world.edit(name, |o| {
+        o["spec"]["lifecycle"] = json!("Published");
+        o["metadata"]["annotations"] =
+            json!({(porch_api::APPROVED_BY_ANNOTATION): "alice@example.com"});
+    });
+    relay.observe_revision(approved);
+    relay.drain().await;
+}
+
+fn variant_object(world: &World) -> Option<Value> {
+    world
+        .cluster
+        .lock()
+        .expect("lock")
+        .object("PackageVariant", "default", "app-dev")
+        .cloned()
+}
+
+fn typed_variant(world: &World) -> PackageVariant {
+    serde_json::from_value(variant_object(world).expect("the variant")).expect("typed")
+}
+
+/// The revisions of the downstream package: (name, lifecycle, owned).
+fn downstreams(objects: &Objects) -> Vec<(String, String, bool)> {
+    objects
+        .typed("default")
+        .into_iter()
+        .filter(|p| p.spec.package_name == "app-dev")
+        .map(|p| {
+            let owned = p
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|r| r.kind == "PackageVariant" && r.name == "app-dev");
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                p.spec
+                    .lifecycle
+                    .map(|l| l.as_str().to_owned())
+                    .unwrap_or_default(),
+                owned,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_variant_clones_upgrades_and_cleans_up_its_downstream() {
+    let world = World::new();
+    let relay = Relay::new(
+        Arc::clone(&world.cluster),
+        Arc::new(InProcess::new(Arc::clone(&world.runner))),
+        RelayConfig::default(),
+    );
+    relay.observe_repository(world.repository.clone());
+    relay.observe_revision(world.create_draft("app"));
+    relay.drain().await;
+    publish(&world, &relay, "blueprints.app.v1").await;
+    assert_eq!(git(&world.bare, &["tag", "--list"]).trim(), "app/v1");
+
+    let pv = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .create_object(json!({
+            "apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "PackageVariant",
+            "metadata": {"name": "app-dev", "namespace": "default"},
+            "spec": {"upstream": {"repo": "blueprints", "package": "app"},
+                     "downstream": {"repo": "blueprints", "package": "app-dev"},
+                     "labels": {"env": "dev"}}
+        }))
+        .expect("created");
+    relay.observe_variant(serde_json::from_value(pv).expect("typed"));
+    relay.drain().await;
+
+    // cloned once, sourced, rendered and ready; the variant says so
+    let objects = world.cluster.lock().expect("lock").typed("default");
+    let draft = objects
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("blueprints.app-dev.packagevariant-1"))
+        .expect("the clone draft");
+    assert_eq!(
+        draft.status.as_ref().map(|s| s.creation_source.as_str()),
+        Some("clone")
+    );
+    assert_eq!(condition(draft, "Rendered"), "True/Rendered");
+    assert_eq!(
+        draft
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("env"))
+            .map(String::as_str),
+        Some("dev")
+    );
+    assert!(git(&world.bare, &["branch", "--list"]).contains("drafts/app-dev/packagevariant-1"));
+    let pv = typed_variant(&world);
+    assert_eq!(
+        pv.metadata.finalizers.as_deref(),
+        Some(&["config.porch.kpt.dev/packagevariants".to_owned()][..])
+    );
+    let status = pv.status.clone().expect("status");
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{status:?}"
+    );
+    assert_eq!(
+        status.downstream_targets[0].name,
+        "blueprints.app-dev.packagevariant-1"
+    );
+    // more events change nothing: no second draft
+    relay.observe_variant(pv.clone());
+    relay.request_sync("default", "blueprints");
+    relay.drain().await;
+    assert_eq!(
+        downstreams(&world.cluster.lock().expect("lock")),
+        [(
+            "blueprints.app-dev.packagevariant-1".to_owned(),
+            "Draft".to_owned(),
+            true
+        )]
+    );
+
+    // the downstream is published, then the upstream moves to v2
+    publish(&world, &relay, "blueprints.app-dev.packagevariant-1").await;
+    let copy = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .create(json!({
+            "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
+            "metadata": {"name": "blueprints.app.v2", "namespace": "default"},
+            "spec": {"packageName": "app", "repository": "blueprints", "workspaceName": "v2",
+                     "lifecycle": "Draft", "source": {"copyFrom": {"name": "blueprints.app.v1"}}}
+        }))
+        .expect("created");
+    relay.observe_revision(crate::support::typed(
+        world
+            .cluster
+            .lock()
+            .expect("lock")
+            .get("default", &copy)
+            .expect("stored"),
+    ));
+    relay.drain().await;
+    publish(&world, &relay, "blueprints.app.v2").await;
+    let upgrade = world
+        .object("blueprints.app-dev.packagevariant-2")
+        .expect("the upgrade draft");
+    let source = upgrade.spec.source.clone().expect("source");
+    let upgrade_spec = source.upgrade.expect("an upgrade");
+    assert_eq!(upgrade_spec.old_upstream.name, "blueprints.app.v1");
+    assert_eq!(upgrade_spec.new_upstream.name, "blueprints.app.v2");
+    assert_eq!(
+        upgrade_spec.current_package.name,
+        "blueprints.app-dev.packagevariant-1"
+    );
+    assert_eq!(
+        upgrade.status.as_ref().map(|s| s.creation_source.as_str()),
+        Some("upgrade")
+    );
+    assert!(git(&world.bare, &["branch", "--list"]).contains("drafts/app-dev/packagevariant-2"));
+
+    // the variant goes: its draft is deleted, its published revision
+    // proposed for deletion and orphaned, then the finalizer is released
+    let deleted = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .delete_object("PackageVariant", "default", "app-dev")
+        .expect("deleted")
+        .expect("kept while its finalizer is there");
+    relay.observe_variant(serde_json::from_value(deleted).expect("typed"));
+    for _ in 0..20 {
+        relay.drain().await;
+        if variant_object(&world).is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(variant_object(&world).is_none(), "the finalizer went");
+    assert_eq!(
+        downstreams(&world.cluster.lock().expect("lock")),
+        [(
+            "blueprints.app-dev.packagevariant-1".to_owned(),
+            "DeletionProposed".to_owned(),
+            false
+        )]
+    );
+    assert!(!git(&world.bare, &["branch", "--list"]).contains("drafts/app-dev/packagevariant-2"));
+}
