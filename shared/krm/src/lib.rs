@@ -10,6 +10,7 @@
 //! - [`grpc`]: the function runner API (client runtime and service).
 //! - [`render`]: `kpt fn render`.
 //! - [`merge`]: three-way merge of packages for upgrades (`kpt pkg update`).
+//! - [`variant`]: the changes a PackageVariant makes to its downstream drafts.
 
 pub mod builtins;
 pub mod grpc;
@@ -19,4 +20,5 @@ pub mod render;
 pub mod resource;
 pub mod resourcelist;
 pub mod runtime;
+pub mod variant;
 pub mod yaml;
