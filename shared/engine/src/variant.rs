@@ -705,6 +705,16 @@ pub struct Mutated {
     pub edit_needed: bool,
 }
 
+/// `<namespace>/<name>`, as the reference names a revision's resources in
+/// its messages.
+fn display(pr: &PackageRevision) -> String {
+    format!(
+        "{}/{}",
+        pr.metadata.namespace.as_deref().unwrap_or(""),
+        name(pr)
+    )
+}
+
 /// The identity the variant's commits carry.
 fn committer(pv: &PackageVariant) -> String {
     format!(
@@ -737,10 +747,11 @@ pub async fn mutate<R: porch_git::remote::Remote + 'static>(
         let mutated = porch_krm::variant::mutate_package(
             &pv_name,
             &pv.spec,
+            &display(draft),
             &files,
             &invocation.cluster_objects,
         )
-        .map_err(|e| HandlerError::Invalid(format!("{}: {e}", name(draft))))?;
+        .map_err(|e| HandlerError::Invalid(e.to_string()))?;
         if !mutated.changed {
             continue;
         }
@@ -772,10 +783,11 @@ pub async fn mutate<R: porch_git::remote::Remote + 'static>(
         let mutated = porch_krm::variant::mutate_package(
             &pv_name,
             &pv.spec,
+            &display(current),
             &files,
             &invocation.cluster_objects,
         )
-        .map_err(|e| HandlerError::Invalid(format!("{}: {e}", name(current))))?;
+        .map_err(|e| HandlerError::Invalid(e.to_string()))?;
         done.edit_needed = mutated.changed;
     }
     Ok(done)

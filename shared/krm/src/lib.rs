@@ -10,6 +10,7 @@
 //! - [`grpc`]: the function runner API (client runtime and service).
 //! - [`render`]: `kpt fn render`.
 //! - [`merge`]: three-way merge of packages for upgrades (`kpt pkg update`).
+//! - [`variant`]: the changes a PackageVariant makes to its downstream drafts.
 
 pub mod builtins;
 pub mod grpc;

@@ -352,7 +352,7 @@ pub fn write_resources(
 }
 
 /// A single-object JSON file: indented, keys sorted, as kpt writes it.
-fn json_file(object: &Node, path: &str) -> Result<Vec<u8>, PackageError> {
+pub(crate) fn json_file(object: &Node, path: &str) -> Result<Vec<u8>, PackageError> {
     let value = yaml::to_json(object).map_err(|e| PackageError::Write {
         path: path.to_owned(),
         reason: e.to_string(),

@@ -9,6 +9,8 @@
 //! when it is not indented deeper than it, and otherwise the foot comment of
 //! the deepest entry it is indented under.
 
+use std::collections::HashSet;
+
 use granit_parser::{Event, Options, Parser, Placement, ScalarStyle, StructureStyle, Tag};
 
 use super::YamlError;
@@ -127,6 +129,8 @@ struct Frame {
     node: Node,
     path: Vec<Step>,
     key: Option<Node>,
+    /// The scalar keys of a mapping so far, for the duplicate check.
+    keys: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -285,6 +289,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
                     node,
                     path,
                     key: None,
+                    keys: HashSet::new(),
                 });
                 last = Last::Start;
             }
@@ -322,7 +327,7 @@ fn insert(
         Value::Mapping(entries) => match frame.key.take() {
             None => {
                 if let Some(key) = node.as_str()
-                    && entries.iter().any(|(k, _)| k.as_str() == Some(key))
+                    && !frame.keys.insert(key.to_owned())
                 {
                     return Err(YamlError::Syntax {
                         line: first_line,

@@ -7,4 +7,5 @@ mod grpc;
 mod merge;
 mod render;
 mod support;
+mod variant;
 mod vectors;
