@@ -94,7 +94,10 @@ async fn a_variant_clones_upgrades_and_cleans_up_its_downstream() {
             "metadata": {"name": "app-dev", "namespace": "default"},
             "spec": {"upstream": {"repo": "blueprints", "package": "app"},
                      "downstream": {"repo": "blueprints", "package": "app-dev"},
-                     "labels": {"env": "dev"}}
+                     "labels": {"env": "dev"},
+                     "packageContext": {"data": {"env": "dev"}},
+                     "pipeline": {"mutators": [{"image": "ghcr.io/kptdev/krm-functions-catalog/set-labels:v0.2.0",
+                                                "name": "labels", "configMap": {"tier": "dev"}}]}}
         }))
         .expect("created");
     relay.observe_variant(serde_json::from_value(pv).expect("typed"));
@@ -121,6 +124,36 @@ async fn a_variant_clones_upgrades_and_cleans_up_its_downstream() {
         Some("dev")
     );
     assert!(git(&world.bare, &["branch", "--list"]).contains("drafts/app-dev/packagevariant-1"));
+    // the variant's mutations are in the draft, then rendered
+    let context = git(
+        &world.bare,
+        &[
+            "show",
+            "drafts/app-dev/packagevariant-1:app-dev/package-context.yaml",
+        ],
+    );
+    assert!(context.contains("env: dev"), "{context}");
+    let kptfile = git(
+        &world.bare,
+        &["show", "drafts/app-dev/packagevariant-1:app-dev/Kptfile"],
+    );
+    assert!(
+        kptfile.contains("name: PackageVariant.app-dev.labels.0"),
+        "{kptfile}"
+    );
+    let draft = world
+        .object("blueprints.app-dev.packagevariant-1")
+        .expect("the draft");
+    assert_eq!(condition(&draft, "Rendered"), "True/Rendered");
+    assert!(
+        draft
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(porch_api::RENDER_REQUEST_ANNOTATION)),
+        "a render was asked for after the mutations"
+    );
+    crate::support::assert_no_commit_twice(&world.bare, "drafts/app-dev/packagevariant-1");
     let pv = typed_variant(&world);
     assert_eq!(
         pv.metadata.finalizers.as_deref(),
