@@ -366,10 +366,22 @@ fn only_the_handlers_read_git_credentials_and_snapshots() {
                     handlers.sort_unstable();
                     assert_eq!(targets, handlers);
                 }
+                "sts" if *id == "RelayRole" => {
+                    // IRSA: the relay's ServiceAccount token, nothing else
+                    assert_eq!(action, "sts:AssumeRoleWithWebIdentity");
+                    let trusted = &statement["Condition"]["StringEquals"];
+                    assert_eq!(
+                        trusted["${EksOidcIssuer}:sub"],
+                        "system:serviceaccount:${RelayNamespace}:${RelayServiceAccount}"
+                    );
+                    assert_eq!(trusted["${EksOidcIssuer}:aud"], "sts.amazonaws.com");
+                }
                 "sts" => {
-                    assert!(
-                        statement["Principal"].get("Service").is_some() || *id == "RelayRole",
-                        "{id}: {statement}"
+                    assert_eq!(action, "sts:AssumeRole", "{id}");
+                    assert_eq!(
+                        statement["Principal"],
+                        json!({"Service": "lambda.amazonaws.com"}),
+                        "{id}"
                     );
                 }
                 _ => panic!("{id} grants {action}"),
