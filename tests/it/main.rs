@@ -1,5 +1,7 @@
 //! Flows across crates: the deployment manifests against the router and the
-//! generated CRDs, and the Lambda host with real function URL events.
+//! generated CRDs, the AWS template against the functions and the relay, and
+//! the Lambda host with real function URL events.
 
+mod aws_template;
 mod lambda;
 mod manifests;

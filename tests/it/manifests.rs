@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-fn render(overlay: &str) -> Vec<serde_json::Value> {
+pub(crate) fn render(overlay: &str) -> Vec<serde_json::Value> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../infra/k8s")
         .join(overlay);
@@ -28,7 +28,11 @@ fn render(overlay: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn find<'a>(docs: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
+pub(crate) fn find<'a>(
+    docs: &'a [serde_json::Value],
+    kind: &str,
+    name: &str,
+) -> &'a serde_json::Value {
     docs.iter()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("{kind} {name} not rendered"))
