@@ -35,12 +35,12 @@ fn source(relative: &str) -> String {
 }
 
 /// Every operation; the match stops compiling when one is added.
-fn operations() -> [Operation; 6] {
-    use Operation::{Adopt, Delete, Lifecycle, Render, Source, Sync};
-    let all = [Adopt, Source, Render, Lifecycle, Delete, Sync];
+fn operations() -> [Operation; 7] {
+    use Operation::{Adopt, Delete, Lifecycle, Render, Source, Sync, Variant};
+    let all = [Adopt, Source, Render, Lifecycle, Delete, Sync, Variant];
     for operation in all {
         match operation {
-            Adopt | Source | Render | Lifecycle | Delete | Sync => {}
+            Adopt | Source | Render | Lifecycle | Delete | Sync | Variant => {}
         }
     }
     all

@@ -390,10 +390,14 @@ async fn the_relay_manifests_match_the_relay() {
         ["get", "list", "watch", "create", "patch", "delete"]
     );
     assert_eq!(verbs(&format!("{revisions}/status")), ["patch"]);
-    assert_eq!(
-        verbs(&plural("config.porch.kpt.dev/v1alpha1", "Repository")),
-        ["get", "list", "watch"]
-    );
+    let repositories = plural("config.porch.kpt.dev/v1alpha1", "Repository");
+    assert_eq!(verbs(&repositories), ["get", "list", "watch"]);
+    assert_eq!(verbs(&format!("{repositories}/status")), ["patch"]);
+    let variants = plural("config.porch.kpt.dev/v1alpha1", "PackageVariant");
+    assert_eq!(verbs(&variants), ["get", "list", "watch", "patch"]);
+    assert_eq!(verbs(&format!("{variants}/status")), ["patch"]);
+    // injection reads ConfigMaps; nothing writes them
+    assert_eq!(verbs("configmaps"), ["get"]);
     assert_eq!(verbs("events"), ["create"]);
     assert!(verbs("secrets").is_empty());
     let lease = find(&docs, "Role", "porch-relay-leader-election");

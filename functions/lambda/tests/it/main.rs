@@ -47,7 +47,15 @@ fn pointed(mut event: Value, repo: &Path) -> Value {
 #[test]
 fn every_example_event_is_an_invocation_of_its_function() {
     let mut seen = 0;
-    for operation in ["adopt", "source", "render", "lifecycle", "delete", "sync"] {
+    for operation in [
+        "adopt",
+        "source",
+        "render",
+        "lifecycle",
+        "delete",
+        "sync",
+        "variant",
+    ] {
         let dir = functions_dir().join(operation).join("events");
         let mut names: Vec<_> = std::fs::read_dir(&dir)
             .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

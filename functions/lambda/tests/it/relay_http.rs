@@ -19,7 +19,15 @@ use crate::runtime_api::{RuntimeApi, invoke_api};
 use crate::{Child, event, git, pointed};
 
 const NAME: &str = "blueprints.app.v1";
-const OPERATIONS: [&str; 6] = ["adopt", "source", "render", "lifecycle", "delete", "sync"];
+const OPERATIONS: [&str; 7] = [
+    "adopt",
+    "source",
+    "render",
+    "lifecycle",
+    "delete",
+    "sync",
+    "variant",
+];
 
 fn object(cluster: &Mutex<Objects>) -> PackageRevision {
     let objects = cluster.lock().expect("lock");
