@@ -121,7 +121,9 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             return crate::adopt::adopt(invocation);
         }
         if invocation.operation == Operation::Variant {
-            return self.variant(invocation, &now).await;
+            // boxed: its git work is a future of its own, and the callers'
+            // futures stay small
+            return Box::pin(self.variant(invocation, &now)).await;
         }
         if !due(invocation) {
             // the handler would say the same after loading the repository
@@ -147,7 +149,7 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             Operation::Lifecycle => crate::lifecycle::lifecycle(invocation, mirror, &now).await,
             Operation::Delete => crate::delete::delete(invocation, mirror, &now).await,
             Operation::Sync => crate::sync::sync(invocation, mirror).await,
-            Operation::Variant => self.variant(invocation, &now).await,
+            Operation::Variant => Box::pin(self.variant(invocation, &now)).await,
         }?;
         self.close(session).await;
         Ok(outcome)
