@@ -226,7 +226,7 @@ pub async fn main(operation: Operation) -> Result<(), lambda_runtime::Error> {
 pub fn operation(name: &str) -> Result<Operation, String> {
     serde_json::from_value(Value::String(name.to_owned())).map_err(|_| {
         format!(
-            "unknown operation {name:?}: adopt, source, render, lifecycle, delete, sync or variant"
+            "unknown operation {name:?}: adopt, source, render, lifecycle, delete, sync, variant or variant-set"
         )
     })
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::repository::Repository;
 use crate::v1alpha2::PackageRevision;
-use crate::variant::PackageVariant;
+use crate::variant::{PackageVariant, PackageVariantSet};
 
 /// The work a handler does.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,6 +29,10 @@ pub enum Operation {
     /// Keep a PackageVariant's downstream package in step with its
     /// upstream (packagevariants spec §2).
     Variant,
+    /// Generate a PackageVariantSet's PackageVariants (packagevariants
+    /// spec §3).
+    #[serde(rename = "variant-set")]
+    VariantSet,
 }
 
 impl Operation {
@@ -41,6 +45,7 @@ impl Operation {
             Operation::Delete => "delete",
             Operation::Sync => "sync",
             Operation::Variant => "variant",
+            Operation::VariantSet => "variant-set",
         }
     }
 }
@@ -70,8 +75,18 @@ pub struct Invocation {
     /// downstream Repository.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub package_variant: Option<PackageVariant>,
+    /// The PackageVariantSet, for `variantSet`, with the variants it made
+    /// (`variants`) and the Repositories of its namespace
+    /// (`repositories`); `repository` is then its upstream Repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package_variant_set: Option<PackageVariantSet>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<PackageVariant>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repositories: Vec<Repository>,
     /// In-cluster objects a variant may inject into its package (the
-    /// kinds its package's injection points name, in its namespace).
+    /// objects its injectors name), or the objects a variant set's object
+    /// selectors choose from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_objects: Vec<serde_json::Value>,
     /// When the relay planned this work. Redeliveries carry the same time,
@@ -156,6 +171,27 @@ impl Invocation {
                 )?;
             }
         }
+        if !raw["packageVariantSet"].is_null() {
+            check(
+                "packageVariantSet",
+                &raw["packageVariantSet"],
+                "config.porch.kpt.dev/v1alpha2/PackageVariantSet",
+            )?;
+        }
+        for item in raw["variants"].as_array().into_iter().flatten() {
+            check(
+                "variants",
+                item,
+                "config.porch.kpt.dev/v1alpha1/PackageVariant",
+            )?;
+        }
+        for item in raw["repositories"].as_array().into_iter().flatten() {
+            check(
+                "repositories",
+                item,
+                "config.porch.kpt.dev/v1alpha1/Repository",
+            )?;
+        }
         if !raw["packageVariant"].is_null() {
             check(
                 "packageVariant",
@@ -175,7 +211,9 @@ impl Invocation {
             // (`?` marks an Option's content)
             let parts: Vec<&str> = path.split('.').filter(|p| *p != "?").collect();
             let type_field = match parts.as_slice() {
-                [_, last] | ["related", _, last] => *last == "apiVersion" || *last == "kind",
+                [_, last] | ["related" | "variants" | "repositories", _, last] => {
+                    *last == "apiVersion" || *last == "kind"
+                }
                 _ => false,
             };
             if !type_field {

@@ -163,7 +163,7 @@ pub fn plan(pr: &PackageRevision, repository: &Repository) -> Vec<Operation> {
 /// an empty Outcome otherwise.
 pub fn is_due(operation: Operation, pr: &PackageRevision, repository: &Repository) -> bool {
     match operation {
-        Operation::Sync | Operation::Variant => true,
+        Operation::Sync | Operation::Variant | Operation::VariantSet => true,
         op => plan(pr, repository).contains(&op),
     }
 }

@@ -30,6 +30,7 @@ pub mod source;
 mod status;
 pub mod sync;
 pub mod variant;
+pub mod variant_set;
 
 pub use error::HandlerError;
 

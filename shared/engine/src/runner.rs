@@ -120,6 +120,9 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         if invocation.operation == Operation::Adopt {
             return crate::adopt::adopt(invocation);
         }
+        if invocation.operation == Operation::VariantSet {
+            return crate::variant_set::reconcile(invocation, &now);
+        }
         if invocation.operation == Operation::Variant {
             // boxed: its git work is a future of its own, and the callers'
             // futures stay small
@@ -150,6 +153,7 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             Operation::Delete => crate::delete::delete(invocation, mirror, &now).await,
             Operation::Sync => crate::sync::sync(invocation, mirror).await,
             Operation::Variant => Box::pin(self.variant(invocation, &now)).await,
+            Operation::VariantSet => crate::variant_set::reconcile(invocation, &now),
         }?;
         self.close(session).await;
         Ok(outcome)
@@ -493,7 +497,7 @@ fn due(invocation: &Invocation) -> bool {
     };
     match invocation.operation {
         Operation::Delete => pr.metadata.deletion_timestamp.is_some(),
-        Operation::Sync | Operation::Variant => true,
+        Operation::Sync | Operation::Variant | Operation::VariantSet => true,
         op => planner::is_due(op, pr, &invocation.repository),
     }
 }

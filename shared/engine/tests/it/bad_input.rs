@@ -26,6 +26,7 @@ async fn run(
         Operation::Variant => {
             porch_engine::variant::reconcile(inv, &now()).map(|p| p.finish(false, None))
         }
+        Operation::VariantSet => porch_engine::variant_set::reconcile(inv, &now()),
     }
 }
 

@@ -14,3 +14,4 @@ mod source;
 mod support;
 mod sync;
 mod variant;
+mod variant_set;
