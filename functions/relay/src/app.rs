@@ -11,7 +11,7 @@ use anyhow::Context;
 use porch_api::invocation::{Invocation, Outcome};
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
-use porch_api::variant::PackageVariant;
+use porch_api::variant::{PackageVariant, PackageVariantSet};
 use porch_git::s3::AnyStore;
 
 use crate::invoker::{AwsLambda, InProcess, InvokeError, Invoker, LambdaHttp};
@@ -173,12 +173,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let revisions_listed = Arc::new(AtomicBool::new(false));
     let repositories_listed = Arc::new(AtomicBool::new(false));
     let variants_listed = Arc::new(AtomicBool::new(false));
+    let sets_listed = Arc::new(AtomicBool::new(false));
     let leading = Arc::new(AtomicBool::new(false));
     let health = Health {
         ready: vec![
             Arc::clone(&revisions_listed),
             Arc::clone(&repositories_listed),
             Arc::clone(&variants_listed),
+            Arc::clone(&sets_listed),
         ],
         leading: Some(Arc::clone(&leading)),
         metrics: {
@@ -227,13 +229,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     leading.store(true, Ordering::SeqCst);
     tracing::info!(identity = %identity, "leading");
 
-    let (revisions, repositories, variants) = match &config.namespace {
+    let (revisions, repositories, variants, sets) = match &config.namespace {
         Some(ns) => (
             kube::Api::<PackageRevision>::namespaced(client.clone(), ns),
             kube::Api::<Repository>::namespaced(client.clone(), ns),
             kube::Api::<PackageVariant>::namespaced(client.clone(), ns),
+            kube::Api::<PackageVariantSet>::namespaced(client.clone(), ns),
         ),
         None => (
+            kube::Api::all(client.clone()),
             kube::Api::all(client.clone()),
             kube::Api::all(client.clone()),
             kube::Api::all(client.clone()),
@@ -254,6 +258,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             Arc::clone(&relay),
             variants,
             variants_listed,
+        )),
+        tokio::spawn(crate::watch::variant_sets(
+            Arc::clone(&relay),
+            sets,
+            sets_listed,
         )),
     ];
 

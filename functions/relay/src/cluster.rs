@@ -49,6 +49,14 @@ pub trait Cluster: Send + Sync {
     /// manager is a [`Written::Conflict`] and nothing changes.
     fn apply(&self, apply: &Apply) -> impl Future<Output = Result<Written, ClusterError>> + Send;
 
+    /// The objects of one kind in a namespace.
+    fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+    ) -> impl Future<Output = Result<Vec<Value>, ClusterError>> + Send;
+
     /// Deletes an object; one already gone is not an error.
     fn delete(&self, target: &ObjectRef) -> impl Future<Output = Result<(), ClusterError>> + Send;
 

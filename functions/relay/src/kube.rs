@@ -107,6 +107,30 @@ impl Cluster for KubeCluster {
             .map_err(|e| ClusterError(e.to_string()))
     }
 
+    async fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+    ) -> Result<Vec<Value>, ClusterError> {
+        let api = self.api(api_version, kind, namespace);
+        let list = api
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(|e| ClusterError(e.to_string()))?;
+        list.items
+            .into_iter()
+            .map(|mut object| {
+                // items of a list carry no type: the list's kind says it
+                object.types = Some(kube::api::TypeMeta {
+                    api_version: api_version.to_owned(),
+                    kind: kind.to_owned(),
+                });
+                serde_json::to_value(object).map_err(|e| ClusterError(e.to_string()))
+            })
+            .collect()
+    }
+
     async fn patch(&self, patch: &ObjectPatch) -> Result<Written, ClusterError> {
         let target = &patch.target;
         let api = self.api(&target.api_version, &target.kind, &target.namespace);

@@ -284,8 +284,8 @@ impl Objects {
 
     /// One server-side apply, as the API server merges it.
     pub fn server_side_apply(&mut self, apply: &Apply) -> Written {
-        if apply.object["kind"] == "Repository" {
-            return self.apply_repository(apply);
+        if apply.object["kind"] != "PackageRevision" {
+            return self.apply_other(apply);
         }
         let namespace = apply.object["metadata"]["namespace"]
             .as_str()
@@ -489,33 +489,70 @@ impl Objects {
 
     /// A server-side apply to a Repository: its status (what repository
     /// sync writes) merged into the one kept, created if new.
-    fn apply_repository(&mut self, apply: &Apply) -> Written {
+    /// A server-side apply to an object of any kind but PackageRevision:
+    /// created if new (uid, generation 1), its spec and metadata or its
+    /// status merged into the one kept.
+    fn apply_other(&mut self, apply: &Apply) -> Written {
         let text = |pointer: &str| apply.object.pointer(pointer).and_then(Value::as_str);
-        let (Some(name), namespace) = (
+        let (Some(name), namespace, kind) = (
             text("/metadata/name"),
             text("/metadata/namespace").unwrap_or("default"),
+            text("/kind").unwrap_or(""),
         ) else {
             return Written::Missing;
         };
-        let k = key(namespace, name);
+        let repository = kind == "Repository";
+        let k = if repository {
+            key(namespace, name)
+        } else {
+            other_key(kind, namespace, name)
+        };
         let version = self.next_version();
-        let object = self.repositories.entry(k).or_insert_with(|| {
+        let map = if repository {
+            &mut self.repositories
+        } else {
+            &mut self.others
+        };
+        let created = !map.contains_key(&k);
+        let object = map.entry(k).or_insert_with(|| {
             json!({
                 "apiVersion": apply.object["apiVersion"],
-                "kind": "Repository",
-                "metadata": {"name": name, "namespace": namespace},
+                "kind": kind,
+                "metadata": {"name": name, "namespace": namespace,
+                             "uid": uuid::Uuid::new_v4().to_string(), "generation": 1,
+                             "creationTimestamp": now()},
             })
         });
-        let part = if apply.subresource == Subresource::Status {
-            "status"
-        } else {
-            "spec"
-        };
-        if let Some(fields) = apply.object.get(part) {
-            if object[part].is_null() {
-                object[part] = json!({});
+        let before = object["spec"].clone();
+        if apply.subresource == Subresource::Status {
+            if let Some(fields) = apply.object.get("status") {
+                if object["status"].is_null() {
+                    object["status"] = json!({});
+                }
+                merge(&mut object["status"], fields, apply.force);
             }
-            merge(&mut object[part], fields, apply.force);
+        } else {
+            if let Some(fields) = apply.object.get("spec") {
+                if object["spec"].is_null() {
+                    object["spec"] = json!({});
+                }
+                merge(&mut object["spec"], fields, apply.force);
+            }
+            if let Some(metadata) = apply.object.get("metadata").and_then(Value::as_object) {
+                for (field, value) in metadata {
+                    if matches!(field.as_str(), "name" | "namespace") {
+                        continue;
+                    }
+                    match object["metadata"].get_mut(field) {
+                        Some(existing) if existing.is_object() => merge(existing, value, true),
+                        _ => object["metadata"][field] = value.clone(),
+                    }
+                }
+            }
+        }
+        if !created && object["spec"] != before {
+            let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
+            object["metadata"]["generation"] = json!(generation + 1);
         }
         object["metadata"]["resourceVersion"] = json!(version);
         Written::Applied(object.clone())
@@ -536,6 +573,28 @@ impl Cluster for Mutex<Objects> {
                 .object(&target.kind, &target.namespace, &target.name)
                 .cloned()
         })
+    }
+
+    async fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+    ) -> Result<Vec<Value>, ClusterError> {
+        let objects = locked(self);
+        let all: Box<dyn Iterator<Item = &Value>> = match kind {
+            "PackageRevision" => Box::new(objects.package_revisions.values()),
+            "Repository" => Box::new(objects.repositories.values()),
+            _ => Box::new(objects.others.values()),
+        };
+        Ok(all
+            .filter(|o| {
+                o["apiVersion"] == api_version
+                    && o["kind"] == kind
+                    && o["metadata"]["namespace"] == namespace
+            })
+            .cloned()
+            .collect())
     }
 
     async fn patch(&self, patch: &ObjectPatch) -> Result<Written, ClusterError> {

@@ -29,7 +29,7 @@ use porch_api::invocation::{
 use porch_api::planner;
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
-use porch_api::variant::PackageVariant;
+use porch_api::variant::{PACKAGE_VARIANT_SET_LABEL, PackageVariant, PackageVariantSet};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
@@ -99,6 +99,7 @@ enum Work {
     Revision(Key),
     Sync(Key),
     Variant(Key),
+    VariantSet(Key),
 }
 
 /// `(namespace, repository, package)`: what a variant names upstream and
@@ -137,8 +138,14 @@ struct State {
     variant_repository: BTreeMap<Key, Key>,
     variant_uids: BTreeMap<String, Key>,
     variants_by_package: BTreeMap<PackageKey, BTreeSet<Key>>,
-    /// A refused variant's resourceVersion.
+    /// A refused variant's (or variant set's) resourceVersion.
     refused_variants: BTreeMap<Key, String>,
+    sets: BTreeMap<Key, PackageVariantSet>,
+    /// Each set's upstream Repository, its uid, and the sets naming each
+    /// upstream package.
+    set_repository: BTreeMap<Key, Key>,
+    set_uids: BTreeMap<String, Key>,
+    sets_by_package: BTreeMap<PackageKey, BTreeSet<Key>>,
 }
 
 impl State {
@@ -147,6 +154,7 @@ impl State {
             Work::Sync(repository) => Some(repository),
             Work::Revision(key) => self.repository_of.get(key),
             Work::Variant(key) => self.variant_repository.get(key),
+            Work::VariantSet(key) => self.set_repository.get(key),
         }
     }
 
@@ -204,10 +212,74 @@ impl State {
         self.variants.insert(key, pv);
     }
 
+    /// Keeps a variant set and its places in the indexes.
+    fn put_set(&mut self, key: Key, set: PackageVariantSet) {
+        self.unindex_set(&key);
+        let namespace = set
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        if let Some(uid) = &set.metadata.uid {
+            self.set_uids.insert(uid.clone(), key.clone());
+        }
+        let upstream = set.spec.upstream.clone().unwrap_or_default();
+        self.sets_by_package
+            .entry((namespace.clone(), upstream.repo.clone(), upstream.package))
+            .or_default()
+            .insert(key.clone());
+        self.set_repository
+            .insert(key.clone(), key_of(Some(&namespace), Some(&upstream.repo)));
+        self.sets.insert(key, set);
+    }
+
+    fn unindex_set(&mut self, key: &Key) {
+        let Some(old) = self.sets.remove(key) else {
+            return;
+        };
+        if let Some(uid) = &old.metadata.uid {
+            self.set_uids.remove(uid);
+        }
+        self.set_repository.remove(key);
+        for set in self.sets_by_package.values_mut() {
+            set.remove(key);
+        }
+        self.sets_by_package.retain(|_, set| !set.is_empty());
+    }
+
+    /// Wakes the set that made `pv`, if any.
+    fn enqueue_set_of(&mut self, pv: &PackageVariant, at: Instant) {
+        let set = pv
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(PACKAGE_VARIANT_SET_LABEL))
+            .and_then(|uid| self.set_uids.get(uid))
+            .cloned();
+        if let Some(key) = set {
+            self.enqueue(Work::VariantSet(key), at);
+        }
+    }
+
+    /// Wakes every set of a namespace (a Repository came, went or was
+    /// relabelled: selectors may choose differently).
+    fn enqueue_sets_in(&mut self, namespace: &str, at: Instant) {
+        let keys: Vec<Key> = self
+            .sets
+            .iter()
+            .filter(|(_, s)| s.metadata.namespace.as_deref().unwrap_or("default") == namespace)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            self.enqueue(Work::VariantSet(key), at);
+        }
+    }
+
     fn unindex_variant(&mut self, key: &Key) {
         let Some(old) = self.variants.remove(key) else {
             return;
         };
+        self.enqueue_set_of(&old, Instant::now());
         if let Some(uid) = &old.metadata.uid {
             self.variant_uids.remove(uid);
         }
@@ -246,6 +318,24 @@ impl State {
     fn enqueue_variants_of(&mut self, pr: &PackageRevision, at: Instant) {
         for key in self.variants_of(pr) {
             self.enqueue(Work::Variant(key), at);
+        }
+        let package = (
+            pr.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            pr.spec.repository.clone(),
+            pr.spec.package_name.clone(),
+        );
+        let sets: Vec<Key> = self
+            .sets_by_package
+            .get(&package)
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for key in sets {
+            self.enqueue(Work::VariantSet(key), at);
         }
     }
 
@@ -304,6 +394,22 @@ impl State {
             }
             return;
         }
+        if object["kind"] == "PackageVariantSet" {
+            if let Ok(set) = serde_json::from_value::<PackageVariantSet>(object.clone()) {
+                let key = key_of(
+                    set.metadata.namespace.as_deref(),
+                    set.metadata.name.as_deref(),
+                );
+                let gone = set.metadata.deletion_timestamp.is_some()
+                    && set.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+                if gone {
+                    self.unindex_set(&key);
+                } else {
+                    self.put_set(key, set);
+                }
+            }
+            return;
+        }
         if object["kind"] == "PackageVariant" {
             if let Ok(pv) = serde_json::from_value::<PackageVariant>(object.clone()) {
                 let key = key_of(
@@ -315,7 +421,10 @@ impl State {
                 if gone {
                     self.unindex_variant(&key);
                 } else {
-                    self.put_variant(key, pv);
+                    // written by an Outcome (a set made or deleted it, or
+                    // its own status): reconciled again with what it is now
+                    self.put_variant(key.clone(), pv);
+                    self.enqueue(Work::Variant(key), Instant::now());
                 }
             }
             return;
@@ -433,6 +542,46 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         }
     }
 
+    /// A PackageVariantSet was added or changed: keep it and reconcile it.
+    pub fn observe_variant_set(&self, set: PackageVariantSet) {
+        let key = key_of(
+            set.metadata.namespace.as_deref(),
+            set.metadata.name.as_deref(),
+        );
+        {
+            let mut state = self.state();
+            if let Some(known) = state.sets.get(&key)
+                && !newer(
+                    &set.metadata.resource_version,
+                    &known.metadata.resource_version,
+                )
+            {
+                return;
+            }
+            state.put_set(key.clone(), set);
+            state.enqueue(Work::VariantSet(key), Instant::now());
+        }
+        self.wake.notify_one();
+    }
+
+    /// A PackageVariantSet is gone.
+    pub fn forget_variant_set(&self, namespace: &str, name: &str) {
+        let key = key_of(Some(namespace), Some(name));
+        let mut state = self.state();
+        state.unindex_set(&key);
+        state.queue.remove(&Work::VariantSet(key.clone()));
+        state.refused_variants.remove(&format!("set:{key}"));
+    }
+
+    /// Forgets the PackageVariantSets a complete list no longer holds.
+    pub fn retain_variant_sets(&self, listed: &BTreeSet<(String, String)>) {
+        let mut state = self.state();
+        for key in unlisted(&state.sets, listed, |s| &s.metadata) {
+            state.unindex_set(&key);
+            state.queue.remove(&Work::VariantSet(key.clone()));
+        }
+    }
+
     /// The relay's view of a PackageVariant.
     pub fn variant(&self, namespace: &str, name: &str) -> Option<PackageVariant> {
         self.state()
@@ -497,6 +646,9 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             let deleting_changed = known.is_some_and(|k| {
                 k.metadata.deletion_timestamp != repository.metadata.deletion_timestamp
             });
+            if known.is_none_or(|k| k.metadata.labels != repository.metadata.labels) {
+                state.enqueue_sets_in(namespace.as_deref().unwrap_or("default"), Instant::now());
+            }
             state
                 .repositories
                 .insert(repository_key.clone(), repository);
@@ -535,6 +687,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
     /// delete handler releases them).
     pub fn forget_repository(&self, namespace: &str, name: &str) {
         let mut state = self.state();
+        state.enqueue_sets_in(namespace, Instant::now());
         state
             .repositories
             .remove(&key_of(Some(namespace), Some(name)));
@@ -627,6 +780,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             },
             Work::Sync(repository) => self.sync(repository).await,
             Work::Variant(key) => self.reconcile_variant(key).await,
+            Work::VariantSet(key) => self.reconcile_set(key).await,
         };
         self.state().release(work, repository_key.as_ref());
         if ran {
@@ -762,6 +916,170 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             return false;
         };
         invocation.cluster_objects = self.injectables(&pv).await;
+        let regarding = ObjectRef {
+            api_version: "config.porch.kpt.dev/v1alpha1".into(),
+            kind: "PackageVariant".into(),
+            namespace: pv.metadata.namespace.clone().unwrap_or_default(),
+            name: pv.metadata.name.clone().unwrap_or_default(),
+            uid: pv.metadata.uid.clone().unwrap_or_default(),
+        };
+        let version = pv.metadata.resource_version.clone().unwrap_or_default();
+        self.run_keyed(
+            Work::Variant(key.clone()),
+            key.clone(),
+            invocation,
+            regarding,
+            version,
+        )
+        .await;
+        true
+    }
+
+    /// The Invocation for a variant set: its upstream Repository (a bare
+    /// stand-in when there is none), the revisions of its upstream
+    /// package, the variants it made and the namespace's Repositories.
+    fn plan_set(&self, key: &Key) -> Option<Invocation> {
+        let state = self.state();
+        let set = state.sets.get(key)?.clone();
+        let version = set.metadata.resource_version.clone().unwrap_or_default();
+        if state.refused_variants.get(&format!("set:{key}")) == Some(&version) {
+            return None;
+        }
+        let namespace = set
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let uid = set.metadata.uid.clone().unwrap_or_default();
+        let upstream = set.spec.upstream.clone().unwrap_or_default();
+        let repositories: Vec<Repository> = state
+            .repositories
+            .values()
+            .filter(|r| r.metadata.namespace.as_deref() == Some(namespace.as_str()))
+            .cloned()
+            .collect();
+        let repository = repositories
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(upstream.repo.as_str()))
+            .cloned()
+            .unwrap_or_else(|| Repository {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(upstream.repo.clone()),
+                    namespace: Some(namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Default::default(),
+                status: None,
+            });
+        let related = state
+            .members
+            .get(&key_of(Some(&namespace), Some(&upstream.repo)))
+            .into_iter()
+            .flatten()
+            .filter_map(|k| state.revisions.get(k))
+            .filter(|pr| pr.spec.package_name == upstream.package)
+            .cloned()
+            .collect();
+        let variants = state
+            .variants
+            .values()
+            .filter(|pv| {
+                pv.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(PACKAGE_VARIANT_SET_LABEL))
+                    == Some(&uid)
+            })
+            .cloned()
+            .collect();
+        Some(Invocation {
+            operation: Operation::VariantSet,
+            package_revision: None,
+            repository,
+            upstream: None,
+            upstream_repository: None,
+            related,
+            package_variant: None,
+            package_variant_set: Some(set),
+            variants,
+            repositories,
+            cluster_objects: Vec::new(),
+            time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+            attempt: 1,
+            request_id: uuid::Uuid::new_v4().to_string(),
+        })
+    }
+
+    /// Reconciles a variant set; `true` when its handler ran.
+    async fn reconcile_set(&self, key: &Key) -> bool {
+        let Some(mut invocation) = self.plan_set(key) else {
+            return false;
+        };
+        let Some(set) = invocation.package_variant_set.clone() else {
+            return false;
+        };
+        // the objects its object selectors choose from, listed now
+        let namespace = set
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let mut kinds: Vec<(String, String)> = set
+            .spec
+            .targets
+            .iter()
+            .filter_map(|t| t.object_selector.as_ref())
+            .map(|o| (o.api_version.clone(), o.kind.clone()))
+            .filter(|(v, k)| !(v == "config.porch.kpt.dev/v1alpha1" && k == "Repository"))
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        for (api_version, kind) in kinds {
+            match self.cluster.list(&api_version, &kind, &namespace).await {
+                Ok(objects) => invocation.cluster_objects.extend(objects),
+                Err(e) => {
+                    // an unreadable kind must not look like an empty one
+                    // (that would remove its variants): try again later
+                    tracing::warn!(set = %key, kind = %kind, error = %e, "objects not listed");
+                    let pause = self.backoff(1);
+                    self.state()
+                        .enqueue(Work::VariantSet(key.clone()), Instant::now() + pause);
+                    return false;
+                }
+            }
+        }
+        let regarding = ObjectRef {
+            api_version: "config.porch.kpt.dev/v1alpha2".into(),
+            kind: "PackageVariantSet".into(),
+            namespace: set.metadata.namespace.clone().unwrap_or_default(),
+            name: set.metadata.name.clone().unwrap_or_default(),
+            uid: set.metadata.uid.clone().unwrap_or_default(),
+        };
+        let version = set.metadata.resource_version.clone().unwrap_or_default();
+        self.run_keyed(
+            Work::VariantSet(key.clone()),
+            format!("set:{key}"),
+            invocation,
+            regarding,
+            version,
+        )
+        .await;
+        true
+    }
+
+    /// Invokes the handler of a variant or variant set and applies its
+    /// Outcome: retried with backoff, refused with a Warning Event on the
+    /// object (not again until it changes), and looked at again when the
+    /// Outcome changed something or asks to.
+    async fn run_keyed(
+        &self,
+        work: Work,
+        key: String,
+        invocation: Invocation,
+        regarding: ObjectRef,
+        version: String,
+    ) {
+        let operation = invocation.operation;
         self.stats.invocations.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
         let result = self.invoker.invoke(&invocation).await;
@@ -771,48 +1089,46 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             Err(InvokeError::Invalid(_)) => "invalid",
         };
         self.metrics
-            .observe(Operation::Variant.as_str(), label, started.elapsed());
+            .observe(operation.as_str(), label, started.elapsed());
+        let delivery = format!("{}:{key}", operation.as_str());
         let attempt = self
             .state()
             .deliveries
-            .get(&format!("variant:{key}"))
+            .get(&delivery)
             .map_or(1, |d| d.attempt + 1);
-        let retry = |relay: &Self, message: &str| {
-            relay.stats.retried.fetch_add(1, Ordering::Relaxed);
-            relay.metrics.retries.inc();
-            let pause = relay.backoff(attempt);
-            tracing::warn!(variant = %key, attempt, error = %message, "variant failed; retrying");
-            let mut state = relay.state();
+        let retry = |message: &str| {
+            self.stats.retried.fetch_add(1, Ordering::Relaxed);
+            self.metrics.retries.inc();
+            let pause = self.backoff(attempt);
+            tracing::warn!(object = %key, operation = operation.as_str(), attempt, error = %message, "handler failed; retrying");
+            let mut state = self.state();
             state.deliveries.insert(
-                format!("variant:{key}"),
+                delivery.clone(),
                 Delivery {
-                    operation: Operation::Variant,
-                    resource_version: String::new(),
+                    operation,
+                    resource_version: version.clone(),
                     time: Time(k8s_openapi::jiff::Timestamp::now()),
                     attempt,
                     request_id: String::new(),
                 },
             );
-            state.enqueue(Work::Variant(key.clone()), Instant::now() + pause);
+            state.enqueue(work.clone(), Instant::now() + pause);
         };
         match result {
             Ok(outcome) => match self.settle_outcome(&outcome).await {
                 Ok((_, failed)) if failed.is_empty() => {
                     self.stats.succeeded.fetch_add(1, Ordering::Relaxed);
                     let mut state = self.state();
-                    state.deliveries.remove(&format!("variant:{key}"));
+                    state.deliveries.remove(&delivery);
                     let now = Instant::now();
                     if !(outcome.patches.is_empty()
                         && outcome.apply.is_empty()
                         && outcome.delete.is_empty())
                     {
-                        state.enqueue(Work::Variant(key.clone()), now);
+                        state.enqueue(work.clone(), now);
                     }
                     if let Some(seconds) = outcome.requeue_after_seconds {
-                        state.enqueue(
-                            Work::Variant(key.clone()),
-                            now + Duration::from_secs(seconds),
-                        );
+                        state.enqueue(work.clone(), now + Duration::from_secs(seconds));
                     }
                 }
                 Ok((_, failed)) => {
@@ -820,36 +1136,26 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
                         .iter()
                         .map(|f| format!("{}: {}", f.target, f.message))
                         .collect();
-                    retry(self, &message.join("; "));
+                    retry(&message.join("; "));
                 }
-                Err(e) => retry(self, &e.to_string()),
+                Err(e) => retry(&e.to_string()),
             },
-            Err(InvokeError::Retryable(message)) => retry(self, &message),
+            Err(InvokeError::Retryable(message)) => retry(&message),
             Err(InvokeError::Invalid(message)) => {
                 self.stats.invalid.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(variant = %key, error = %message, "handler refused the variant");
-                self.state().refused_variants.insert(
-                    key.clone(),
-                    pv.metadata.resource_version.clone().unwrap_or_default(),
-                );
+                tracing::warn!(object = %key, operation = operation.as_str(), error = %message, "handler refused the invocation");
+                self.state().refused_variants.insert(key.clone(), version);
                 let event = EventRecord {
-                    regarding: ObjectRef {
-                        api_version: "config.porch.kpt.dev/v1alpha1".into(),
-                        kind: "PackageVariant".into(),
-                        namespace: pv.metadata.namespace.clone().unwrap_or_default(),
-                        name: pv.metadata.name.clone().unwrap_or_default(),
-                        uid: pv.metadata.uid.clone().unwrap_or_default(),
-                    },
+                    regarding,
                     type_: EventType::Warning,
                     reason: "InvocationRefused".into(),
-                    message: format!("variant: {message}"),
+                    message: format!("{}: {message}", operation.as_str()),
                 };
                 if let Err(e) = self.cluster.record(&event).await {
                     tracing::warn!(error = %e, "event not recorded");
                 }
             }
         }
-        true
     }
 
     /// Syncs a Repository with git: revisions discovered are applied,
@@ -1139,6 +1445,7 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             match object {
                 Some(object) => state.store(&object),
                 None if target.kind == "PackageVariant" => state.unindex_variant(&k),
+                None if target.kind == "PackageVariantSet" => state.unindex_set(&k),
                 None => state.remove(&k),
             }
             touched.push(k);
@@ -1150,6 +1457,8 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         {
             if target.kind == "PackageVariant" && state.variants.contains_key(&k) {
                 state.enqueue(Work::Variant(k), now);
+            } else if target.kind == "PackageVariantSet" && state.sets.contains_key(&k) {
+                state.enqueue(Work::VariantSet(k), now);
             }
         }
         touched.retain(|k| state.revisions.contains_key(k));

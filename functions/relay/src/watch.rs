@@ -1,5 +1,5 @@
 //! Kubernetes watches feeding the relay: PackageRevisions (v1alpha2),
-//! Repositories and PackageVariants, through kube-runtime watchers (list, then watch, resumed
+//! Repositories, PackageVariants and PackageVariantSets, through kube-runtime watchers (list, then watch, resumed
 //! from the last resourceVersion after a disconnect, re-listed when it is
 //! too old, with backoff).
 //!
@@ -15,7 +15,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
-use porch_api::variant::PackageVariant;
+use porch_api::variant::{PackageVariant, PackageVariantSet};
 use tokio_stream::StreamExt;
 
 use crate::cluster::Cluster;
@@ -69,6 +69,18 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Feed<PackageVariant> for Relay<
     }
     fn retain(&self, listed: &BTreeSet<(String, String)>) {
         self.retain_variants(listed);
+    }
+}
+
+impl<C: Cluster + 'static, I: Invoker + 'static> Feed<PackageVariantSet> for Relay<C, I> {
+    fn observe(&self, object: PackageVariantSet) {
+        self.observe_variant_set(object);
+    }
+    fn forget(&self, namespace: &str, name: &str) {
+        self.forget_variant_set(namespace, name);
+    }
+    fn retain(&self, listed: &BTreeSet<(String, String)>) {
+        self.retain_variant_sets(listed);
     }
 }
 
@@ -143,6 +155,19 @@ pub async fn repositories<C, I>(
 pub async fn variants<C, I>(
     relay: Arc<Relay<C, I>>,
     api: Api<PackageVariant>,
+    listed: Arc<AtomicBool>,
+) where
+    C: Cluster + 'static,
+    I: Invoker + 'static,
+{
+    follow(&*relay, api, &listed).await;
+}
+
+/// Feeds every PackageVariantSet event to the relay until the stream ends;
+/// sets `listed` after the first complete list.
+pub async fn variant_sets<C, I>(
+    relay: Arc<Relay<C, I>>,
+    api: Api<PackageVariantSet>,
     listed: Arc<AtomicBool>,
 ) where
     C: Cluster + 'static,

@@ -514,6 +514,14 @@ pub async fn source_with<R: Remote + 'static>(
     let mut status = pr.status.clone().unwrap_or_default();
     let generation = pr.metadata.generation;
     status.observed_generation = generation;
+    // the upstream the new draft locks onto, for its status (the variant
+    // handler reads it to see whether a downstream is up to date)
+    let lock = match &computed {
+        Ok((files, _)) => files
+            .get("Kptfile")
+            .and_then(|k| porch_git::discovery::upstream_lock_of(k)),
+        Err(_) => None,
+    };
     let outcome = match computed {
         Ok((files, kind)) => {
             let actor = Actor {
@@ -557,6 +565,9 @@ pub async fn source_with<R: Remote + 'static>(
     match outcome {
         Ok(kind) => {
             status.creation_source = kind.to_owned();
+            if lock.is_some() {
+                status.upstream_lock = lock;
+            }
             set_condition(
                 &mut status.conditions,
                 READY_CONDITION,

@@ -283,7 +283,8 @@ impl TagCache {
 }
 
 /// The git upstream lock of a Kptfile, if it has one.
-fn upstream_lock_of(bytes: &[u8]) -> Option<Locator> {
+/// The `upstreamLock` of a Kptfile, as a PackageRevision's status holds it.
+pub fn upstream_lock_of(bytes: &[u8]) -> Option<Locator> {
     let text = std::str::from_utf8(bytes).ok()?;
     let lock = Kptfile::from_yaml(text).ok()?.upstream_lock?;
     lock.git.map(|git| Locator {

@@ -13,4 +13,5 @@ mod relay_loop;
 mod repository_status;
 mod support;
 mod variant;
+mod variant_set;
 mod watch;

@@ -180,6 +180,15 @@ impl Cluster for Interfering {
         self.inner.apply(apply).await
     }
 
+    async fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+    ) -> Result<Vec<Value>, ClusterError> {
+        self.inner.list(api_version, kind, namespace).await
+    }
+
     async fn delete(&self, target: &ObjectRef) -> Result<(), ClusterError> {
         self.inner.delete(target).await
     }

@@ -29,6 +29,14 @@ impl Cluster for Refusing {
     async fn patch(&self, patch: &ObjectPatch) -> Result<Written, ClusterError> {
         self.objects.patch(patch).await
     }
+    async fn list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+    ) -> Result<Vec<Value>, ClusterError> {
+        self.objects.list(api_version, kind, namespace).await
+    }
     async fn apply(&self, apply: &Apply) -> Result<Written, ClusterError> {
         let name = apply.object["metadata"]["name"].as_str().unwrap_or("");
         if self.refused.lock().expect("lock").contains(name) {

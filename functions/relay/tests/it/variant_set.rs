@@ -1,0 +1,231 @@
+//! A PackageVariantSet through the relay on real git: a blueprint published
+//! in one repository fans out to three downstream repositories chosen by a
+//! repository selector, each with its own package context; a new blueprint
+//! revision becomes an upgrade draft in all three; deleting the set
+//! proposes the published downstreams for deletion.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use porch_api::repository::Repository;
+use porch_relay::invoker::InProcess;
+use porch_relay::relay::{Relay, RelayConfig};
+use serde_json::json;
+
+use crate::support::{World, git, typed};
+
+const SITES: [&str; 3] = ["edge1", "edge2", "edge3"];
+
+/// A bare repository beside the world's, registered with label
+/// `tier=edge`.
+fn edge_repository(world: &World, name: &str) -> (PathBuf, Repository) {
+    let root = world.bare.parent().expect("root");
+    git(
+        root,
+        &["init", "--bare", "-q", "-b", "main", &format!("{name}.git")],
+    );
+    let bare = root.join(format!("{name}.git"));
+    let repository = serde_json::from_value(json!({
+        "apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "Repository",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                     "labels": {"tier": "edge"}},
+        "spec": {"type": "git", "git": {"repo": bare.display().to_string(), "branch": "main"}}
+    }))
+    .expect("a Repository");
+    (bare, repository)
+}
+
+async fn publish<C, I>(world: &World, relay: &Relay<C, I>, name: &str)
+where
+    C: porch_relay::cluster::Cluster + 'static,
+    I: porch_relay::invoker::Invoker + 'static,
+{
+    let proposed = world.edit(name, |o| o["spec"]["lifecycle"] = json!("Proposed"));
+    relay.observe_revision(proposed);
+    relay.drain().await;
+    let approved = world.edit(name, |o| {
+        o["spec"]["lifecycle"] = json!("Published");
+        o["metadata"]["annotations"] =
+            json!({(porch_api::APPROVED_BY_ANNOTATION): "alice@example.com"});
+    });
+    relay.observe_revision(approved);
+    relay.drain().await;
+}
+
+fn lifecycle(world: &World, name: &str) -> Option<String> {
+    world
+        .object(name)
+        .and_then(|p| p.spec.lifecycle)
+        .map(|l| l.as_str().to_owned())
+}
+
+#[tokio::test]
+async fn a_set_fans_a_blueprint_out_upgrades_it_and_cleans_up() {
+    let world = World::new();
+    let relay = Relay::new(
+        Arc::clone(&world.cluster),
+        Arc::new(InProcess::new(Arc::clone(&world.runner))),
+        RelayConfig::default(),
+    );
+    relay.observe_repository(world.repository.clone());
+    let mut bares = Vec::new();
+    for site in SITES {
+        let (bare, repository) = edge_repository(&world, site);
+        relay.observe_repository(repository);
+        bares.push(bare);
+    }
+    relay.observe_revision(world.create_draft("app"));
+    relay.drain().await;
+    publish(&world, &relay, "blueprints.app.v1").await;
+
+    let set = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .create_object(json!({
+            "apiVersion": "config.porch.kpt.dev/v1alpha2", "kind": "PackageVariantSet",
+            "metadata": {"name": "app-edge", "namespace": "default"},
+            "spec": {
+                "upstream": {"repo": "blueprints", "package": "app", "workspaceName": "v1"},
+                "targets": [{
+                    "repositorySelector": {"matchLabels": {"tier": "edge"}},
+                    "template": {
+                        "packageContext": {"dataExprs": [{"key": "site", "valueExpr": "repository.name"}]}
+                    }
+                }]
+            }
+        }))
+        .expect("created");
+    relay.observe_variant_set(serde_json::from_value(set).expect("typed"));
+    relay.drain().await;
+
+    // three variants, three drafts, each with its own package context
+    for (site, bare) in SITES.iter().zip(&bares) {
+        let name = format!("{site}.app.packagevariant-1");
+        assert_eq!(lifecycle(&world, &name).as_deref(), Some("Draft"), "{name}");
+        let context = git(
+            bare,
+            &[
+                "show",
+                "drafts/app/packagevariant-1:app/package-context.yaml",
+            ],
+        );
+        assert!(context.contains(&format!("site: {site}")), "{context}");
+        assert!(
+            world
+                .cluster
+                .lock()
+                .expect("lock")
+                .object("PackageVariant", "default", &format!("app-edge-{site}-app"))
+                .is_some()
+        );
+    }
+
+    // the drafts are published; then the blueprint moves to v2 (the set
+    // follows workspace v2)
+    for site in SITES {
+        publish(&world, &relay, &format!("{site}.app.packagevariant-1")).await;
+    }
+    let copy = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .create(json!({
+            "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
+            "metadata": {"name": "blueprints.app.v2", "namespace": "default"},
+            "spec": {"packageName": "app", "repository": "blueprints", "workspaceName": "v2",
+                     "lifecycle": "Draft", "source": {"copyFrom": {"name": "blueprints.app.v1"}}}
+        }))
+        .expect("created");
+    relay.observe_revision(typed(
+        world
+            .cluster
+            .lock()
+            .expect("lock")
+            .get("default", &copy)
+            .expect("stored"),
+    ));
+    relay.drain().await;
+    publish(&world, &relay, "blueprints.app.v2").await;
+    let edited = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .update_object("PackageVariantSet", "default", "app-edge", |o| {
+            o["spec"]["upstream"]["workspaceName"] = json!("v2");
+        })
+        .expect("updated")
+        .expect("kept");
+    relay.observe_variant_set(serde_json::from_value(edited).expect("typed"));
+    relay.drain().await;
+    for (site, bare) in SITES.iter().zip(&bares) {
+        let upgrade = world
+            .object(&format!("{site}.app.packagevariant-2"))
+            .unwrap_or_else(|| panic!("an upgrade draft in {site}"));
+        assert_eq!(
+            upgrade.status.as_ref().map(|s| s.creation_source.as_str()),
+            Some("upgrade")
+        );
+        // the upgrade keeps the site's context
+        let context = git(
+            bare,
+            &[
+                "show",
+                "drafts/app/packagevariant-2:app/package-context.yaml",
+            ],
+        );
+        assert!(context.contains(&format!("site: {site}")), "{context}");
+    }
+
+    // the set goes: its variants go, the published downstreams are
+    // proposed for deletion, the upgrade drafts deleted
+    let deleted = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .delete_object("PackageVariantSet", "default", "app-edge")
+        .expect("deleted")
+        .expect("kept while its finalizer is there");
+    relay.observe_variant_set(serde_json::from_value(deleted).expect("typed"));
+    for _ in 0..30 {
+        relay.drain().await;
+        let gone = world
+            .cluster
+            .lock()
+            .expect("lock")
+            .object("PackageVariantSet", "default", "app-edge")
+            .is_none();
+        if gone {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let objects = world.cluster.lock().expect("lock");
+    assert!(
+        objects
+            .object("PackageVariantSet", "default", "app-edge")
+            .is_none(),
+        "the set went"
+    );
+    assert!(
+        !objects
+            .others
+            .keys()
+            .any(|k| k.starts_with("PackageVariant/")),
+        "its variants went: {:?}",
+        objects.others.keys().collect::<Vec<_>>()
+    );
+    drop(objects);
+    for (site, bare) in SITES.iter().zip(&bares) {
+        assert_eq!(
+            lifecycle(&world, &format!("{site}.app.packagevariant-1")).as_deref(),
+            Some("DeletionProposed")
+        );
+        assert!(
+            world
+                .object(&format!("{site}.app.packagevariant-2"))
+                .is_none()
+        );
+        assert!(!git(bare, &["branch", "--list"]).contains("packagevariant-2"));
+    }
+}
