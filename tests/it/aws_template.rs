@@ -35,12 +35,14 @@ fn source(relative: &str) -> String {
 }
 
 /// Every operation; the match stops compiling when one is added.
-fn operations() -> [Operation; 7] {
-    use Operation::{Adopt, Delete, Lifecycle, Render, Source, Sync, Variant};
-    let all = [Adopt, Source, Render, Lifecycle, Delete, Sync, Variant];
+fn operations() -> [Operation; 8] {
+    use Operation::{Adopt, Delete, Lifecycle, Render, Source, Sync, Variant, VariantSet};
+    let all = [
+        Adopt, Source, Render, Lifecycle, Delete, Sync, Variant, VariantSet,
+    ];
     for operation in all {
         match operation {
-            Adopt | Source | Render | Lifecycle | Delete | Sync | Variant => {}
+            Adopt | Source | Render | Lifecycle | Delete | Sync | Variant | VariantSet => {}
         }
     }
     all

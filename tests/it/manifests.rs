@@ -394,8 +394,14 @@ async fn the_relay_manifests_match_the_relay() {
     assert_eq!(verbs(&repositories), ["get", "list", "watch"]);
     assert_eq!(verbs(&format!("{repositories}/status")), ["patch"]);
     let variants = plural("config.porch.kpt.dev/v1alpha1", "PackageVariant");
-    assert_eq!(verbs(&variants), ["get", "list", "watch", "patch"]);
+    assert_eq!(
+        verbs(&variants),
+        ["get", "list", "watch", "create", "patch", "delete"]
+    );
     assert_eq!(verbs(&format!("{variants}/status")), ["patch"]);
+    let sets = plural("config.porch.kpt.dev/v1alpha2", "PackageVariantSet");
+    assert_eq!(verbs(&sets), ["get", "list", "watch", "patch"]);
+    assert_eq!(verbs(&format!("{sets}/status")), ["patch"]);
     // injection reads ConfigMaps; nothing writes them
     assert_eq!(verbs("configmaps"), ["get"]);
     assert_eq!(verbs("events"), ["create"]);
