@@ -145,16 +145,21 @@ impl Fleet {
         self.publish(&[name]).await;
     }
 
-    /// Downstream revisions whose source ran as `kind`.
+    /// Downstream revisions whose source ran as `kind` (read from the
+    /// stored JSON: polling must not slow the relay down).
     fn sourced(&self, kind: &str) -> Vec<String> {
         self.cluster
             .lock()
             .expect("lock")
-            .typed("default")
-            .into_iter()
-            .filter(|p| p.spec.repository.starts_with("edge"))
-            .filter(|p| p.status.as_ref().is_some_and(|s| s.creation_source == kind))
-            .filter_map(|p| p.metadata.name)
+            .package_revisions
+            .values()
+            .filter(|p| {
+                p["spec"]["repository"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("edge"))
+                    && p["status"]["creationSource"] == kind
+            })
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
             .collect()
     }
 
@@ -171,7 +176,7 @@ impl Fleet {
             if self.sourced(kind).len() >= count {
                 break started.elapsed();
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let _ = stop.send(());
         running.await.expect("the relay stops");

@@ -21,7 +21,9 @@
 //! - reports a Draft or Proposed downstream of an older upstream in `Ready`
 //!   instead of failing the whole reconcile;
 //! - keeps the finalizer until every owned revision is deleted or orphaned
-//!   (nephio#642), and never adopts the branch placeholder.
+//!   (nephio#642), and never adopts the branch placeholder;
+//! - carries changes of its labels and annotations to the revisions it
+//!   already owns.
 
 use std::collections::BTreeMap;
 
@@ -339,6 +341,31 @@ fn adopt(pr: &PackageRevision, pv: &PackageVariant) -> ObjectPatch {
     guarded(pr, ops)
 }
 
+/// The variant's labels and annotations onto a revision it already owns,
+/// when they changed (the reference sets them only on create and adopt).
+fn propagate(pr: &PackageRevision, pv: &PackageVariant) -> Option<ObjectPatch> {
+    let mut ops = Vec::new();
+    for (field, wanted, current) in [
+        ("labels", &pv.spec.labels, pr.metadata.labels.clone()),
+        (
+            "annotations",
+            &pv.spec.annotations,
+            pr.metadata.annotations.clone(),
+        ),
+    ] {
+        let current = current.unwrap_or_default();
+        let mut merged = current.clone();
+        merged.extend(wanted.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if merged != current {
+            ops.push(PatchOperation::Add(AddOperation {
+                path: path(&format!("/metadata/{field}")),
+                value: json!(merged),
+            }));
+        }
+    }
+    (!ops.is_empty()).then(|| guarded(pr, ops))
+}
+
 /// Decides what a variant needs from the objects alone.
 ///
 /// # Errors
@@ -502,6 +529,8 @@ pub fn reconcile(invocation: &Invocation, now: &Time) -> Result<Plan, HandlerErr
         }
         if !is_owned {
             plan.outcome.patches.push(adopt(pr, &pv));
+        } else if let Some(patch) = propagate(pr, &pv) {
+            plan.outcome.patches.push(patch);
         }
         if published(pr) {
             if latest.is_none_or(|l| revision(pr) > revision(l)) {

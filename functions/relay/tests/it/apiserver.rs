@@ -315,6 +315,40 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    // a user proposes and an approver publishes: the lifecycle handler's
+    // patches (status, the latest-revision label) go over HTTP too
+    if ready() {
+        let latest = || {
+            world.object("blueprints.app.v1").is_some_and(|pr| {
+                pr.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(porch_api::LATEST_REVISION_LABEL))
+                    .is_some_and(|v| v == "true")
+            })
+        };
+        let proposed = || git(&world.bare, &["branch", "--list"]).contains("proposed/app/v1");
+        relay.observe_revision(world.edit("blueprints.app.v1", |o| {
+            o["spec"]["lifecycle"] = json!("Proposed");
+        }));
+        for _ in 0..400 {
+            if proposed() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        relay.observe_revision(world.edit("blueprints.app.v1", |o| {
+            o["spec"]["lifecycle"] = json!("Published");
+            o["metadata"]["annotations"] =
+                json!({(porch_api::APPROVED_BY_ANNOTATION): "alice@example.com"});
+        }));
+        for _ in 0..400 {
+            if latest() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
     let _ = stop.send(());
     running.await.expect("the relay stops");
     for watch in watches {
@@ -329,7 +363,6 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         "sourced, rendered and ready: {:?}",
         world.object("blueprints.app.v1")
     );
-    assert!(git(&world.bare, &["branch", "--list"]).contains("drafts/app/v1"));
     // the 422 made the relay read the object again, not overwrite it
     assert_eq!(relay.stats.conflicts.load(Ordering::Relaxed), 1);
     let pr = typed(
@@ -346,7 +379,22 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
             .any(|r| r.kind == "Repository" && r.uid == "repo-uid")),
         "adopted over HTTP"
     );
-    crate::support::assert_no_commit_twice(&world.bare, "drafts/app/v1");
+    // published over HTTP: the tag, the approver, the latest-revision label
+    assert_eq!(git(&world.bare, &["tag", "--list"]).trim(), "app/v1");
+    assert_eq!(pr.status.as_ref().and_then(|s| s.revision), Some(1));
+    assert_eq!(
+        pr.status.as_ref().map(|s| s.published_by.as_str()),
+        Some("alice@example.com")
+    );
+    assert_eq!(
+        pr.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(porch_api::LATEST_REVISION_LABEL))
+            .map(String::as_str),
+        Some("true")
+    );
+    crate::support::assert_no_commit_twice(&world.bare, "app/v1");
     // the sync's status went to the Repository's status subresource: Ready
     // by the repository controller's manager, the sync-complete condition
     // by the relay's

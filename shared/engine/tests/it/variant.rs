@@ -36,6 +36,11 @@ fn pr(
                  "lifecycle": lifecycle},
         "status": {"revision": revision, "creationSource": "clone"}
     });
+    if owner == Some(PV_UID) {
+        // what the variant gave the revisions it made
+        object["metadata"]["labels"] = json!({"team": "blue"});
+        object["metadata"]["annotations"] = json!({"owner": "ops"});
+    }
     if let Some(owner) = owner {
         object["metadata"]["ownerReferences"] = json!([
             {"apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "Repository", "name": repo, "uid": "repo-uid"},
@@ -625,4 +630,44 @@ fn an_invocation_for_another_repository_or_without_a_variant_is_refused() {
             .expect_err("refused")
             .is_retryable()
     );
+}
+
+#[test]
+fn label_and_annotation_changes_reach_existing_downstreams() {
+    let mut related = upstreams();
+    let mut owned = pr(
+        "deployments",
+        "bar",
+        "packagevariant-1",
+        "Published",
+        1,
+        Some(PV_UID),
+        Some("app/v2"),
+    );
+    // as they were before the variant's labels and annotations changed
+    owned.metadata.labels = Some([("team".to_owned(), "red".to_owned())].into());
+    owned.metadata.annotations = None;
+    related.push(owned);
+    let outcome = run(variant(basic_spec(), json!({})), related);
+    assert_eq!(
+        patched(&outcome, "deployments.bar.packagevariant-1"),
+        [
+            json!([{"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "add", "path": "/metadata/labels", "value": {"team": "blue"}},
+                {"op": "add", "path": "/metadata/annotations", "value": {"owner": "ops"}}])
+        ]
+    );
+    // once they are there, nothing more
+    let mut related = upstreams();
+    related.push(pr(
+        "deployments",
+        "bar",
+        "packagevariant-1",
+        "Published",
+        1,
+        Some(PV_UID),
+        Some("app/v2"),
+    ));
+    let outcome = run(variant(basic_spec(), json!({})), related);
+    assert!(patched(&outcome, "deployments.bar.packagevariant-1").is_empty());
 }
