@@ -516,7 +516,7 @@ pub fn reconcile(invocation: &Invocation, now: &Time) -> Result<Plan, HandlerErr
         let is_owned = owned_by(pr, &uid);
         let matches =
             pr.spec.repository == downstream.repo && pr.spec.package_name == downstream.package;
-        if !is_owned && !(adopt_existing && matches) {
+        if !(is_owned || (adopt_existing && matches)) {
             continue;
         }
         if is_owned && !matches {
