@@ -204,18 +204,7 @@ impl Objects {
             .package_revisions
             .get_mut(&k)
             .ok_or_else(|| ObjectError::NotFound(name.to_owned()))?;
-        let before = object["spec"].clone();
-        edit(object);
-        if object["spec"] != before {
-            let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
-            object["metadata"]["generation"] = json!(generation + 1);
-        }
-        object["metadata"]["resourceVersion"] = json!(version);
-        let gone = !object["metadata"]["deletionTimestamp"].is_null()
-            && object["metadata"]["finalizers"]
-                .as_array()
-                .is_none_or(Vec::is_empty);
-        if gone {
+        if edit_stored(object, &version, edit) {
             self.package_revisions.remove(&k);
         }
         Ok(())
@@ -350,6 +339,23 @@ impl Objects {
     }
 }
 
+/// Changes a stored object with `edit` as the API server would: a new
+/// generation when the spec changed, a new resourceVersion; `true` when
+/// the object is gone (deleted, and its last finalizer went).
+fn edit_stored(object: &mut Value, version: &str, edit: impl FnOnce(&mut Value)) -> bool {
+    let before = object["spec"].clone();
+    edit(object);
+    if object["spec"] != before {
+        let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
+        object["metadata"]["generation"] = json!(generation + 1);
+    }
+    object["metadata"]["resourceVersion"] = json!(version);
+    !object["metadata"]["deletionTimestamp"].is_null()
+        && object["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(Vec::is_empty)
+}
+
 fn other_key(kind: &str, namespace: &str, name: &str) -> String {
     format!("{kind}/{namespace}/{name}")
 }
@@ -412,18 +418,7 @@ impl Objects {
             .others
             .get_mut(&k)
             .ok_or_else(|| ObjectError::NotFound(name.to_owned()))?;
-        let before = object["spec"].clone();
-        edit(object);
-        if object["spec"] != before {
-            let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
-            object["metadata"]["generation"] = json!(generation + 1);
-        }
-        object["metadata"]["resourceVersion"] = json!(version);
-        let gone = !object["metadata"]["deletionTimestamp"].is_null()
-            && object["metadata"]["finalizers"]
-                .as_array()
-                .is_none_or(Vec::is_empty);
-        if gone {
+        if edit_stored(object, &version, edit) {
             self.others.remove(&k);
             return Ok(None);
         }

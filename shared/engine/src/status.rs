@@ -7,6 +7,28 @@ use porch_api::invocation::{ObjectPatch, ObjectRef, Subresource};
 use porch_api::lifecycle::effective;
 use porch_api::v1alpha2::{PackageRevision, PackageRevisionStatus};
 
+/// Carries each condition's transition time over from `known` while its
+/// status holds; `true` when `new` says just what `known` said (types,
+/// statuses, reasons, messages), so nothing needs writing.
+pub(crate) fn settle_conditions(known: &[Condition], new: &mut [Condition]) -> bool {
+    for c in new.iter_mut() {
+        if let Some(old) = known.iter().find(|o| o.type_ == c.type_)
+            && old.status == c.status
+        {
+            c.last_transition_time = old.last_transition_time.clone();
+        }
+    }
+    known.len() == new.len()
+        && new.iter().all(|c| {
+            known.iter().any(|o| {
+                o.type_ == c.type_
+                    && o.status == c.status
+                    && o.reason == c.reason
+                    && o.message == c.message
+            })
+        })
+}
+
 /// Sets a condition, keeping its transition time when nothing changed.
 pub(crate) fn set_condition(
     conditions: &mut Vec<Condition>,

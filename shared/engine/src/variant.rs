@@ -688,23 +688,8 @@ impl Plan {
         // conditions that say what they said keep their transition time,
         // and a status that says nothing new is not written
         let known = pv.status.clone().unwrap_or_default();
-        for c in &mut status.conditions {
-            if let Some(old) = known.conditions.iter().find(|o| o.type_ == c.type_)
-                && old.status == c.status
-            {
-                c.last_transition_time = old.last_transition_time.clone();
-            }
-        }
-        let same = known.downstream_targets == status.downstream_targets
-            && known.conditions.len() == status.conditions.len()
-            && status.conditions.iter().all(|c| {
-                known.conditions.iter().any(|o| {
-                    o.type_ == c.type_
-                        && o.status == c.status
-                        && o.reason == c.reason
-                        && o.message == c.message
-                })
-            });
+        let same = crate::status::settle_conditions(&known.conditions, &mut status.conditions)
+            && known.downstream_targets == status.downstream_targets;
         if !same {
             self.outcome.patches.push(ObjectPatch::guarded(
                 variant_ref(&pv),

@@ -425,22 +425,7 @@ fn variant_ref(pv: &PackageVariant) -> ObjectRef {
 /// The status patch, when the conditions say something new.
 fn status_patch(set: &PackageVariantSet, mut conditions: Vec<Condition>) -> Option<ObjectPatch> {
     let known = set.status.clone().unwrap_or_default();
-    for c in &mut conditions {
-        if let Some(old) = known.conditions.iter().find(|o| o.type_ == c.type_)
-            && old.status == c.status
-        {
-            c.last_transition_time = old.last_transition_time.clone();
-        }
-    }
-    let same = known.conditions.len() == conditions.len()
-        && conditions.iter().all(|c| {
-            known.conditions.iter().any(|o| {
-                o.type_ == c.type_
-                    && o.status == c.status
-                    && o.reason == c.reason
-                    && o.message == c.message
-            })
-        });
+    let same = crate::status::settle_conditions(&known.conditions, &mut conditions);
     (!same).then(|| {
         ObjectPatch::guarded(
             set_ref(set),

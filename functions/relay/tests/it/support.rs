@@ -124,3 +124,25 @@ pub(crate) fn assert_no_commit_twice(bare: &Path, branch: &str) {
     unique.dedup();
     assert_eq!(lines, unique, "no commit twice: {subjects}");
 }
+
+/// Takes `name` from Draft to Published through `relay`, as a user who
+/// proposes and an approver would.
+pub(crate) async fn publish<C, I>(
+    world: &World,
+    relay: &porch_relay::relay::Relay<C, I>,
+    name: &str,
+) where
+    C: porch_relay::cluster::Cluster + 'static,
+    I: porch_relay::invoker::Invoker + 'static,
+{
+    let proposed = world.edit(name, |o| o["spec"]["lifecycle"] = json!("Proposed"));
+    relay.observe_revision(proposed);
+    relay.drain().await;
+    let approved = world.edit(name, |o| {
+        o["spec"]["lifecycle"] = json!("Published");
+        o["metadata"]["annotations"] =
+            json!({(porch_api::APPROVED_BY_ANNOTATION): "alice@example.com"});
+    });
+    relay.observe_revision(approved);
+    relay.drain().await;
+}

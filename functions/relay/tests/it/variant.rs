@@ -13,25 +13,7 @@ use porch_relay::memory::Objects;
 use porch_relay::relay::{Relay, RelayConfig};
 use serde_json::{Value, json};
 
-use crate::support::{World, condition, git};
-
-/// Takes `name` from Draft to Published as a user and an approver would.
-async fn publish<C, I>(world: &World, relay: &Relay<C, I>, name: &str)
-where
-    C: porch_relay::cluster::Cluster + 'static,
-    I: porch_relay::invoker::Invoker + 'static,
-{
-    let proposed = world.edit(name, |o| o["spec"]["lifecycle"] = json!("Proposed"));
-    relay.observe_revision(proposed);
-    relay.drain().await;
-    let approved = world.edit(name, |o| {
-        o["spec"]["lifecycle"] = json!("Published");
-        o["metadata"]["annotations"] =
-            json!({(porch_api::APPROVED_BY_ANNOTATION): "alice@example.com"});
-    });
-    relay.observe_revision(approved);
-    relay.drain().await;
-}
+use crate::support::{World, condition, git, publish};
 
 fn variant_object(world: &World) -> Option<Value> {
     world

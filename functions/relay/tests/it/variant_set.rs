@@ -12,7 +12,7 @@ use porch_relay::invoker::InProcess;
 use porch_relay::relay::{Relay, RelayConfig};
 use serde_json::json;
 
-use crate::support::{World, git, typed};
+use crate::support::{World, git, publish, typed};
 
 const SITES: [&str; 3] = ["edge1", "edge2", "edge3"];
 
@@ -33,23 +33,6 @@ fn edge_repository(world: &World, name: &str) -> (PathBuf, Repository) {
     }))
     .expect("a Repository");
     (bare, repository)
-}
-
-async fn publish<C, I>(world: &World, relay: &Relay<C, I>, name: &str)
-where
-    C: porch_relay::cluster::Cluster + 'static,
-    I: porch_relay::invoker::Invoker + 'static,
-{
-    let proposed = world.edit(name, |o| o["spec"]["lifecycle"] = json!("Proposed"));
-    relay.observe_revision(proposed);
-    relay.drain().await;
-    let approved = world.edit(name, |o| {
-        o["spec"]["lifecycle"] = json!("Published");
-        o["metadata"]["annotations"] =
-            json!({(porch_api::APPROVED_BY_ANNOTATION): "alice@example.com"});
-    });
-    relay.observe_revision(approved);
-    relay.drain().await;
 }
 
 fn lifecycle(world: &World, name: &str) -> Option<String> {
