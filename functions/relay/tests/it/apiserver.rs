@@ -315,6 +315,9 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    // the injected 422 made the relay read the object again, not overwrite
+    // it (later conflicts may come from the user's edits below)
+    let conflicts = relay.stats.conflicts.load(Ordering::Relaxed);
     // a user proposes and an approver publishes: the lifecycle handler's
     // patches (status, the latest-revision label) go over HTTP too
     if ready() {
@@ -363,8 +366,7 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         "sourced, rendered and ready: {:?}",
         world.object("blueprints.app.v1")
     );
-    // the 422 made the relay read the object again, not overwrite it
-    assert_eq!(relay.stats.conflicts.load(Ordering::Relaxed), 1);
+    assert_eq!(conflicts, 1);
     let pr = typed(
         world
             .cluster
