@@ -309,7 +309,7 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
                     && condition(&pr, "Ready").starts_with("True/")
             })
     };
-    for _ in 0..400 {
+    for _ in 0..2400 {
         if ready() {
             break;
         }
@@ -334,7 +334,7 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         relay.observe_revision(world.edit("blueprints.app.v1", |o| {
             o["spec"]["lifecycle"] = json!("Proposed");
         }));
-        for _ in 0..400 {
+        for _ in 0..2400 {
             if proposed() {
                 break;
             }
@@ -345,7 +345,7 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
             o["metadata"]["annotations"] =
                 json!({(porch_api::APPROVED_BY_ANNOTATION): "alice@example.com"});
         }));
-        for _ in 0..400 {
+        for _ in 0..2400 {
             if latest() {
                 break;
             }

@@ -216,7 +216,7 @@ async fn a_variant_clones_upgrades_and_cleans_up_its_downstream() {
         .expect("deleted")
         .expect("kept while its finalizer is there");
     relay.observe_variant(serde_json::from_value(deleted).expect("typed"));
-    for _ in 0..20 {
+    for _ in 0..80 {
         relay.drain().await;
         if variant_object(&world).is_none() {
             break;

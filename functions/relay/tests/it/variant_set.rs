@@ -170,7 +170,7 @@ async fn a_set_fans_a_blueprint_out_upgrades_it_and_cleans_up() {
         .expect("deleted")
         .expect("kept while its finalizer is there");
     relay.observe_variant_set(serde_json::from_value(deleted).expect("typed"));
-    for _ in 0..30 {
+    for _ in 0..80 {
         relay.drain().await;
         let gone = world
             .cluster
