@@ -402,8 +402,8 @@ async fn the_relay_manifests_match_the_relay() {
     let sets = plural("config.porch.kpt.dev/v1alpha2", "PackageVariantSet");
     assert_eq!(verbs(&sets), ["get", "list", "watch", "patch"]);
     assert_eq!(verbs(&format!("{sets}/status")), ["patch"]);
-    // injection reads ConfigMaps; nothing writes them
-    assert_eq!(verbs("configmaps"), ["get"]);
+    // injection reads and watches ConfigMaps; nothing writes them
+    assert_eq!(verbs("configmaps"), ["get", "list", "watch"]);
     assert_eq!(verbs("events"), ["create"]);
     assert!(verbs("secrets").is_empty());
     let lease = find(&docs, "Role", "porch-relay-leader-election");

@@ -20,6 +20,9 @@ use crate::lease::LeaseLock;
 use crate::relay::{Relay, RelayConfig};
 use crate::server::{Health, router};
 
+/// How often the relay looks for kinds the variants newly inject.
+const INJECTABLE_KINDS_EVERY: Duration = Duration::from_secs(10);
+
 /// How the relay reaches the handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum InvokerKind {
@@ -266,6 +269,33 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )),
     ];
 
+    // the kinds the variants inject, each watched once it is named
+    let injected = {
+        let relay = Arc::clone(&relay);
+        let client = client.clone();
+        let namespace = config.namespace.clone();
+        tokio::spawn(async move {
+            let mut watched = std::collections::BTreeMap::new();
+            loop {
+                for (api_version, kind) in relay.injectable_kinds() {
+                    watched
+                        .entry((api_version.clone(), kind.clone()))
+                        .or_insert_with(|| {
+                            tracing::info!(api_version = %api_version, kind = %kind, "watching injected objects");
+                            tokio::spawn(crate::watch::injectables(
+                                Arc::clone(&relay),
+                                client.clone(),
+                                api_version,
+                                kind,
+                                namespace.clone(),
+                            ))
+                        });
+                }
+                tokio::time::sleep(INJECTABLE_KINDS_EVERY).await;
+            }
+        })
+    };
+
     // renew the Lease; losing it (or failing to renew for a whole lease
     // period) stops the relay
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
@@ -301,6 +331,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     for watch in watches {
         watch.abort();
     }
+    injected.abort();
     if let Some(renewing) = renewing {
         renewing.abort();
     }

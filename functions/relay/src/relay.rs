@@ -138,6 +138,9 @@ struct State {
     variant_repository: BTreeMap<Key, Key>,
     variant_uids: BTreeMap<String, Key>,
     variants_by_package: BTreeMap<PackageKey, BTreeSet<Key>>,
+    /// The variants each in-cluster object may be injected into, by
+    /// `(namespace, kind, name)` of their injectors.
+    variants_by_injectable: BTreeMap<PackageKey, BTreeSet<Key>>,
     /// A refused variant's (or variant set's) resourceVersion.
     refused_variants: BTreeMap<Key, String>,
     sets: BTreeMap<Key, PackageVariantSet>,
@@ -209,6 +212,18 @@ impl State {
             key.clone(),
             key_of(Some(&namespace), Some(&downstream.repo)),
         );
+        for injector in &pv.spec.injectors {
+            self.variants_by_injectable
+                .entry((
+                    namespace.clone(),
+                    injector.kind.clone().unwrap_or_else(|| "ConfigMap".into()),
+                    injector.name.clone(),
+                ))
+                .or_default()
+                .insert(key.clone());
+        }
+        // the set that made it looks again
+        self.enqueue_set_of(&pv, Instant::now());
         self.variants.insert(key, pv);
     }
 
@@ -284,10 +299,15 @@ impl State {
             self.variant_uids.remove(uid);
         }
         self.variant_repository.remove(key);
-        for set in self.variants_by_package.values_mut() {
-            set.remove(key);
+        for index in [
+            &mut self.variants_by_package,
+            &mut self.variants_by_injectable,
+        ] {
+            for set in index.values_mut() {
+                set.remove(key);
+            }
+            index.retain(|_, set| !set.is_empty());
         }
-        self.variants_by_package.retain(|_, set| !set.is_empty());
     }
 
     /// The variants a revision's change may matter to: those owning it
@@ -580,6 +600,49 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
             state.unindex_set(&key);
             state.queue.remove(&Work::VariantSet(key.clone()));
         }
+    }
+
+    /// An in-cluster object of a kind some variant injects changed (or
+    /// went): the variants whose injectors name it are reconciled again.
+    pub fn observe_injectable(&self, kind: &str, namespace: &str, name: &str) {
+        {
+            let mut state = self.state();
+            let keys: Vec<Key> = state
+                .variants_by_injectable
+                .get(&(namespace.to_owned(), kind.to_owned(), name.to_owned()))
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            if keys.is_empty() {
+                return;
+            }
+            for key in keys {
+                state.enqueue(Work::Variant(key), Instant::now());
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// The kinds (`apiVersion`, `kind`) the variants' injectors name: the
+    /// relay watches them (a ConfigMap when an injector names no kind).
+    pub fn injectable_kinds(&self) -> BTreeSet<(String, String)> {
+        self.state()
+            .variants
+            .values()
+            .flat_map(|pv| pv.spec.injectors.iter())
+            .map(|i| {
+                let version = i.version.clone().unwrap_or_else(|| "v1".into());
+                let api_version = match i.group.as_deref() {
+                    None | Some("") => version,
+                    Some(group) => format!("{group}/{version}"),
+                };
+                (
+                    api_version,
+                    i.kind.clone().unwrap_or_else(|| "ConfigMap".into()),
+                )
+            })
+            .collect()
     }
 
     /// The relay's view of a PackageVariant.

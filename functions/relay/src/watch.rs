@@ -175,3 +175,41 @@ pub async fn variant_sets<C, I>(
 {
     follow(&*relay, api, &listed).await;
 }
+
+/// Follows the objects of one kind some variant injects (`api_version`,
+/// `kind`, in `namespace` or all), telling the relay of each change so the
+/// variants naming the object are reconciled again (the reference has no
+/// such watch: packagevariants spec §1.5).
+pub async fn injectables<C, I>(
+    relay: Arc<Relay<C, I>>,
+    client: kube::Client,
+    api_version: String,
+    kind: String,
+    namespace: Option<String>,
+) where
+    C: Cluster + 'static,
+    I: Invoker + 'static,
+{
+    let resource = crate::kube::resource(&api_version, &kind);
+    let api: Api<kube::api::DynamicObject> = match &namespace {
+        Some(ns) => Api::namespaced_with(client, ns, &resource),
+        None => Api::all_with(client, &resource),
+    };
+    let stream = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    tokio::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let object = match event {
+            Ok(Event::InitApply(o) | Event::Apply(o) | Event::Delete(o)) => o,
+            Ok(Event::Init | Event::InitDone) => continue,
+            Err(e) => {
+                tracing::warn!(kind = %kind, error = %e, "watch interrupted; resuming");
+                continue;
+            }
+        };
+        relay.observe_injectable(
+            &kind,
+            object.metadata.namespace.as_deref().unwrap_or("default"),
+            object.metadata.name.as_deref().unwrap_or(""),
+        );
+    }
+}

@@ -255,3 +255,105 @@ async fn an_expired_watch_re_lists_and_forgets_what_the_new_list_lacks() {
         .count();
     assert_eq!(lists, 2, "listed again after the 410");
 }
+
+/// Counts the variant reconciles it is asked for.
+#[derive(Default)]
+struct Variants(std::sync::atomic::AtomicUsize);
+
+impl porch_relay::invoker::Invoker for Variants {
+    async fn invoke(
+        &self,
+        invocation: &porch_api::invocation::Invocation,
+    ) -> Result<porch_api::invocation::Outcome, InvokeError> {
+        if invocation.operation == porch_api::invocation::Operation::Variant {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(porch_api::invocation::Outcome::none())
+    }
+}
+
+#[tokio::test]
+async fn a_change_to_an_injected_object_wakes_the_variants_naming_it() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let server = MockServer::start().await;
+    let config_map = |name: &str, version: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "default", "resourceVersion": version},
+               "data": {"region": "us-east1"}})
+    };
+    Mock::given(method("GET"))
+        .and(path("/api/v1/configmaps"))
+        .and(query_param_is_missing("watch"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "apiVersion": "v1", "kind": "ConfigMapList", "metadata": {"resourceVersion": "10"},
+            "items": [config_map("unrelated", "9")]
+        })))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/api/v1/configmaps"))
+        .and(query_param("watch", "true"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "application/json")
+                .set_body_string(format!(
+                    "{}\n",
+                    json!({"type": "MODIFIED", "object": config_map("site-config", "11")})
+                ))
+                .set_delay(Duration::from_millis(50)),
+        )
+        .mount(&server)
+        .await;
+    let client = kube::Client::try_from(kube::Config::new(server.uri().parse().expect("uri")))
+        .expect("client");
+
+    let world = World::new();
+    let counter = Arc::new(Variants::default());
+    let relay = Arc::new(Relay::new(
+        Arc::clone(&world.cluster),
+        Arc::clone(&counter),
+        RelayConfig::default(),
+    ));
+    relay.observe_variant(
+        serde_json::from_value(json!({
+            "apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "PackageVariant",
+            "metadata": {"name": "app-dev", "namespace": "default", "uid": "pv-uid", "resourceVersion": "3"},
+            "spec": {"upstream": {"repo": "blueprints", "package": "app"},
+                     "downstream": {"repo": "blueprints", "package": "app-dev"},
+                     "injectors": [{"name": "site-config"},
+                                   {"group": "hr.example.com", "version": "v1alpha1", "kind": "Team", "name": "beta"}]}
+        }))
+        .expect("a PackageVariant"),
+    );
+    relay.drain().await;
+    let runs = || counter.0.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(runs(), 1);
+    assert_eq!(
+        relay.injectable_kinds().into_iter().collect::<Vec<_>>(),
+        [
+            ("hr.example.com/v1alpha1".to_owned(), "Team".to_owned()),
+            ("v1".to_owned(), "ConfigMap".to_owned())
+        ]
+    );
+    // an object no injector names wakes nothing
+    relay.observe_injectable("ConfigMap", "default", "unrelated");
+    relay.observe_injectable("ConfigMap", "other", "site-config");
+    assert_eq!(relay.queue_depth(), 0);
+
+    let watching = tokio::spawn(porch_relay::watch::injectables(
+        Arc::clone(&relay),
+        client,
+        "v1".into(),
+        "ConfigMap".into(),
+        None,
+    ));
+    for _ in 0..200 {
+        if relay.queue_depth() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    watching.abort();
+    relay.drain().await;
+    assert_eq!(runs(), 2, "the watched change reconciled the variant again");
+}
