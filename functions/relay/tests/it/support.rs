@@ -146,3 +146,53 @@ pub(crate) async fn publish<C, I>(
     relay.observe_revision(approved);
     relay.drain().await;
 }
+
+/// A git smart-HTTP server (`git http-backend`, pushes allowed) over the
+/// bare repositories in a directory; stopped when dropped.
+pub(crate) struct GitServer {
+    child: std::process::Child,
+    /// `http://127.0.0.1:<port>`: a repository `<name>.git` is at
+    /// `<base>/<name>.git`.
+    pub(crate) base: String,
+}
+
+impl Drop for GitServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl GitServer {
+    /// Serves `root`'s `*.git` repositories (each is made to accept pushes).
+    pub(crate) fn start(root: &Path) -> Self {
+        for entry in std::fs::read_dir(root).expect("root").flatten() {
+            if entry.file_name().to_string_lossy().ends_with(".git") {
+                git(&entry.path(), &["config", "http.receivepack", "true"]);
+            }
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/git/tests/servers/git_http_server.py");
+        let child = Command::new("python3")
+            .arg(script)
+            .arg(root)
+            .arg(port.to_string())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        GitServer {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}

@@ -1,5 +1,5 @@
-//! A PackageVariantSet through the relay on real git: a blueprint published
-//! in one repository fans out to three downstream repositories chosen by a
+//! A PackageVariantSet through the relay on real git served over smart
+//! HTTP: a blueprint published in one repository fans out to three downstream repositories chosen by a
 //! repository selector, each with its own package context; a new blueprint
 //! revision becomes an upgrade draft in all three; deleting the set
 //! proposes the published downstreams for deletion.
@@ -12,27 +12,29 @@ use porch_relay::invoker::InProcess;
 use porch_relay::relay::{Relay, RelayConfig};
 use serde_json::json;
 
-use crate::support::{World, git, publish, typed};
+use crate::support::{GitServer, World, git, publish, typed};
 
 const SITES: [&str; 3] = ["edge1", "edge2", "edge3"];
 
-/// A bare repository beside the world's, registered with label
-/// `tier=edge`.
-fn edge_repository(world: &World, name: &str) -> (PathBuf, Repository) {
+/// A bare repository beside the world's.
+fn edge_repository(world: &World, name: &str) -> PathBuf {
     let root = world.bare.parent().expect("root");
     git(
         root,
         &["init", "--bare", "-q", "-b", "main", &format!("{name}.git")],
     );
-    let bare = root.join(format!("{name}.git"));
-    let repository = serde_json::from_value(json!({
+    root.join(format!("{name}.git"))
+}
+
+/// A Repository at `url`, labelled `tier=edge`.
+fn registered(name: &str, url: &str) -> Repository {
+    serde_json::from_value(json!({
         "apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "Repository",
         "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
                      "labels": {"tier": "edge"}},
-        "spec": {"type": "git", "git": {"repo": bare.display().to_string(), "branch": "main"}}
+        "spec": {"type": "git", "git": {"repo": url, "branch": "main"}}
     }))
-    .expect("a Repository");
-    (bare, repository)
+    .expect("a Repository")
 }
 
 fn lifecycle(world: &World, name: &str) -> Option<String> {
@@ -50,12 +52,19 @@ async fn a_set_fans_a_blueprint_out_upgrades_it_and_cleans_up() {
         Arc::new(InProcess::new(Arc::clone(&world.runner))),
         RelayConfig::default(),
     );
-    relay.observe_repository(world.repository.clone());
-    let mut bares = Vec::new();
+    let bares: Vec<PathBuf> = SITES
+        .iter()
+        .map(|site| edge_repository(&world, site))
+        .collect();
+    // every repository, the blueprints' too, reached over smart HTTP
+    let server = GitServer::start(world.bare.parent().expect("root"));
+    let mut blueprints = world.repository.clone();
+    if let Some(git) = blueprints.spec.git.as_mut() {
+        git.repo = format!("{}/repo.git", server.base);
+    }
+    relay.observe_repository(blueprints);
     for site in SITES {
-        let (bare, repository) = edge_repository(&world, site);
-        relay.observe_repository(repository);
-        bares.push(bare);
+        relay.observe_repository(registered(site, &format!("{}/{site}.git", server.base)));
     }
     relay.observe_revision(world.create_draft("app"));
     relay.drain().await;
