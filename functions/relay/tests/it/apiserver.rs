@@ -210,6 +210,74 @@ impl wiremock::Respond for FakeApiServer {
                 }))
             }
             (
+                "GET",
+                [
+                    "apis",
+                    "config.porch.kpt.dev",
+                    "v1alpha1",
+                    "packagevariants",
+                ],
+            ) => {
+                let items: Vec<Value> = objects
+                    .others
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("PackageVariant/"))
+                    .map(|(_, v)| v.clone())
+                    .collect();
+                ResponseTemplate::new(200).set_body_json(json!({
+                    "apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "PackageVariantList",
+                    "metadata": {"resourceVersion": objects.resource_version.to_string()},
+                    "items": items
+                }))
+            }
+            (
+                "GET",
+                [
+                    "apis",
+                    "config.porch.kpt.dev",
+                    "v1alpha1",
+                    "namespaces",
+                    ns,
+                    "packagevariants",
+                    name,
+                ],
+            ) => match objects.object("PackageVariant", ns, name) {
+                Some(object) => ResponseTemplate::new(200).set_body_json(object),
+                None => status(404, "NotFound", "not found"),
+            },
+            (
+                "PATCH",
+                [
+                    "apis",
+                    "config.porch.kpt.dev",
+                    "v1alpha1",
+                    "namespaces",
+                    ns,
+                    "packagevariants",
+                    name,
+                    rest @ ..,
+                ],
+            ) => {
+                let Ok(patch) = serde_json::from_slice(&request.body) else {
+                    return status(400, "BadRequest", "not a JSON patch");
+                };
+                Self::written(objects.patch(&ObjectPatch {
+                    target: ObjectRef {
+                        api_version: "config.porch.kpt.dev/v1alpha1".into(),
+                        kind: "PackageVariant".into(),
+                        namespace: (*ns).to_owned(),
+                        name: (*name).to_owned(),
+                        uid: String::new(),
+                    },
+                    subresource: if rest == ["status"] {
+                        Subresource::Status
+                    } else {
+                        Subresource::Main
+                    },
+                    patch,
+                }))
+            }
+            (
                 "DELETE",
                 [
                     "apis",
@@ -407,4 +475,139 @@ async fn a_draft_created_in_the_api_is_sourced_rendered_and_ready_over_http() {
         repository_status()
     );
     assert!(repository_status()["gitCommitHash"].is_string());
+}
+
+#[tokio::test]
+async fn a_variant_in_the_api_gets_its_downstream_over_http() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let world = World::new();
+    // a published blueprint, and a variant of it, as the API server holds them
+    {
+        let relay = Relay::new(
+            Arc::clone(&world.cluster),
+            Arc::new(InProcess::new(Arc::clone(&world.runner))),
+            RelayConfig::default(),
+        );
+        relay.observe_repository(world.repository.clone());
+        relay.observe_revision(world.create_draft("app"));
+        relay.drain().await;
+        crate::support::publish(&world, &relay, "blueprints.app.v1").await;
+    }
+    world
+        .cluster
+        .lock()
+        .expect("lock")
+        .create_object(json!({
+            "apiVersion": "config.porch.kpt.dev/v1alpha1", "kind": "PackageVariant",
+            "metadata": {"name": "app-dev", "namespace": "default"},
+            "spec": {"upstream": {"repo": "blueprints", "package": "app"},
+                     "downstream": {"repo": "blueprints", "package": "app-dev"},
+                     "packageContext": {"data": {"env": "dev"}}}
+        }))
+        .expect("created");
+    let server = MockServer::start().await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(FakeApiServer {
+            objects: Arc::clone(&world.cluster),
+            repository: {
+                let mut repository = serde_json::to_value(&world.repository).expect("json");
+                repository["metadata"]["resourceVersion"] = json!("1");
+                repository
+            },
+            conflicts: std::sync::atomic::AtomicUsize::new(0),
+            repository_applies: Arc::new(Mutex::new(Vec::new())),
+        })
+        .mount(&server)
+        .await;
+    let client = kube::Client::try_from(kube::Config::new(server.uri().parse().expect("uri")))
+        .expect("client");
+    let relay = Arc::new(Relay::new(
+        Arc::new(KubeCluster::new(client.clone())),
+        Arc::new(InProcess::new(Arc::clone(&world.runner))),
+        RelayConfig::default(),
+    ));
+    let listed: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let watches = [
+        tokio::spawn(porch_relay::watch::revisions(
+            Arc::clone(&relay),
+            kube::Api::all(client.clone()),
+            Arc::clone(&listed[0]),
+        )),
+        tokio::spawn(porch_relay::watch::repositories(
+            Arc::clone(&relay),
+            kube::Api::all(client.clone()),
+            Arc::clone(&listed[1]),
+        )),
+        tokio::spawn(porch_relay::watch::variants(
+            Arc::clone(&relay),
+            kube::Api::all(client.clone()),
+            Arc::clone(&listed[2]),
+        )),
+    ];
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(Arc::clone(&relay).run(async {
+        let _ = stopped.await;
+    }));
+    let draft = "blueprints.app-dev.packagevariant-1";
+    let done = || {
+        let rendered = world
+            .object(draft)
+            .is_some_and(|pr| condition(&pr, "Rendered") == "True/Rendered");
+        let variant_ready = world
+            .cluster
+            .lock()
+            .expect("lock")
+            .object("PackageVariant", "default", "app-dev")
+            .is_some_and(|pv| {
+                pv["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+        // the variant's mutation committed (after the draft's source ran)
+        let mutated = std::process::Command::new("git")
+            .args([
+                "show",
+                "drafts/app-dev/packagevariant-1:app-dev/package-context.yaml",
+            ])
+            .current_dir(&world.bare)
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("env: dev"));
+        rendered && variant_ready && mutated
+    };
+    for _ in 0..2400 {
+        if done() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let _ = stop.send(());
+    running.await.expect("the relay stops");
+    for watch in watches {
+        watch.abort();
+    }
+    assert!(done(), "{:?}", world.object(draft));
+    // the variant's finalizer and status went over HTTP as JSON patches,
+    // its downstream as a server-side apply
+    let pv = world
+        .cluster
+        .lock()
+        .expect("lock")
+        .object("PackageVariant", "default", "app-dev")
+        .cloned()
+        .expect("the variant");
+    assert_eq!(
+        pv["metadata"]["finalizers"],
+        json!(["config.porch.kpt.dev/packagevariants"])
+    );
+    assert_eq!(pv["status"]["downstreamTargets"], json!([{"name": draft}]));
+    let context = git(
+        &world.bare,
+        &[
+            "show",
+            "drafts/app-dev/packagevariant-1:app-dev/package-context.yaml",
+        ],
+    );
+    assert!(context.contains("env: dev"), "{context}");
 }
