@@ -1,9 +1,9 @@
 //! A PackageVariant through the relay on real git: the downstream cloned
 //! from the upstream's latest published revision (and taken through
 //! source, render and Ready by the revision handlers), an upgrade draft
-//! when a new upstream revision is published, no duplicates however often
-//! the events come, and the deletion policy applied before the finalizer
-//! goes.
+//! when a new upstream revision is published, an edit draft when only the
+//! variant's pipeline changes, no duplicates however often the events
+//! come, and the deletion policy applied before the finalizer goes.
 
 use std::sync::Arc;
 
@@ -206,7 +206,48 @@ async fn a_variant_clones_upgrades_and_cleans_up_its_downstream() {
     );
     assert!(git(&world.bare, &["branch", "--list"]).contains("drafts/app-dev/packagevariant-2"));
 
-    // the variant goes: its draft is deleted, its published revision
+    // the upgrade is published; then only the variant's pipeline changes:
+    // an edit draft of the published downstream takes the new function,
+    // applied to the parsed Kptfile (no text patch to conflict: nephio#469)
+    publish(&world, &relay, "blueprints.app-dev.packagevariant-2").await;
+    let edited =
+        world
+            .cluster
+            .lock()
+            .expect("lock")
+            .update_object("PackageVariant", "default", "app-dev", |o| {
+                o["spec"]["pipeline"]["mutators"]
+                .as_array_mut()
+                .expect("mutators")
+                .push(json!({"image": "ghcr.io/kptdev/krm-functions-catalog/set-annotations:v0.1.4",
+                             "name": "notes", "configMap": {"owner": "dev"}}));
+            })
+            .expect("updated")
+            .expect("kept");
+    relay.observe_variant(serde_json::from_value(edited).expect("typed"));
+    relay.drain().await;
+    let edit = world
+        .object("blueprints.app-dev.packagevariant-3")
+        .expect("the edit draft");
+    assert_eq!(
+        edit.spec
+            .source
+            .as_ref()
+            .and_then(|s| s.copy_from.as_ref())
+            .map(|c| c.name.as_str()),
+        Some("blueprints.app-dev.packagevariant-2")
+    );
+    let kptfile = git(
+        &world.bare,
+        &["show", "drafts/app-dev/packagevariant-3:app-dev/Kptfile"],
+    );
+    assert!(
+        kptfile.contains("name: PackageVariant.app-dev.labels.0")
+            && kptfile.contains("name: PackageVariant.app-dev.notes.1"),
+        "{kptfile}"
+    );
+
+    // the variant goes: its draft is deleted, its published revisions
     // proposed for deletion and orphaned, then the finalizer is released
     let deleted = world
         .cluster
@@ -224,13 +265,22 @@ async fn a_variant_clones_upgrades_and_cleans_up_its_downstream() {
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
     assert!(variant_object(&world).is_none(), "the finalizer went");
+    let mut left = downstreams(&world.cluster.lock().expect("lock"));
+    left.sort();
     assert_eq!(
-        downstreams(&world.cluster.lock().expect("lock")),
-        [(
-            "blueprints.app-dev.packagevariant-1".to_owned(),
-            "DeletionProposed".to_owned(),
-            false
-        )]
+        left,
+        [
+            (
+                "blueprints.app-dev.packagevariant-1".to_owned(),
+                "DeletionProposed".to_owned(),
+                false
+            ),
+            (
+                "blueprints.app-dev.packagevariant-2".to_owned(),
+                "DeletionProposed".to_owned(),
+                false
+            )
+        ]
     );
-    assert!(!git(&world.bare, &["branch", "--list"]).contains("drafts/app-dev/packagevariant-2"));
+    assert!(!git(&world.bare, &["branch", "--list"]).contains("drafts/app-dev/packagevariant-3"));
 }
