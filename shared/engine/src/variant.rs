@@ -626,18 +626,26 @@ pub fn reconcile(invocation: &Invocation, now: &Time) -> Result<Plan, HandlerErr
         targets.push(created);
     }
 
-    let previous: BTreeMap<String, DownstreamTarget> = status
-        .downstream_targets
-        .iter()
-        .map(|t| (t.name.clone(), t.clone()))
-        .collect();
+    // each target's render as the revision reports it: the error of a
+    // failed render (the reference kept the PackageRevisionResources
+    // update's answer, which this project does not make)
     status.downstream_targets = targets
         .into_iter()
         .map(|name| {
-            previous.get(&name).cloned().unwrap_or(DownstreamTarget {
+            let failed = related
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+                .and_then(|p| p.status.as_ref())
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Rendered"))
+                .filter(|c| c.status == "False")
+                .map(|c| porch_api::v1alpha1::RenderStatus {
+                    result: None,
+                    error: c.message.clone(),
+                });
+            DownstreamTarget {
                 name,
-                render_status: None,
-            })
+                render_status: failed,
+            }
         })
         .collect();
     let ready = if problems.is_empty() {

@@ -671,3 +671,31 @@ fn label_and_annotation_changes_reach_existing_downstreams() {
     let outcome = run(variant(basic_spec(), json!({})), related);
     assert!(patched(&outcome, "deployments.bar.packagevariant-1").is_empty());
 }
+
+#[test]
+fn a_failed_render_of_a_downstream_shows_in_its_target() {
+    let mut related = upstreams();
+    let mut draft = pr(
+        "deployments",
+        "bar",
+        "packagevariant-1",
+        "Draft",
+        0,
+        Some(PV_UID),
+        Some("app/v2"),
+    );
+    draft.status.as_mut().expect("status").conditions = vec![
+        serde_json::from_value(json!({
+            "type": "Rendered", "status": "False", "reason": "RenderFailed",
+            "message": "set-labels: unknown field", "lastTransitionTime": "2026-11-23T09:00:00Z"
+        }))
+        .expect("a condition"),
+    ];
+    related.push(draft);
+    let outcome = run(variant(basic_spec(), json!({})), related);
+    assert_eq!(
+        status_of(&outcome)["downstreamTargets"],
+        json!([{"name": "deployments.bar.packagevariant-1",
+                "renderStatus": {"error": "set-labels: unknown field"}}])
+    );
+}
