@@ -249,19 +249,7 @@ impl Objects {
         let subresource = patch.subresource;
         let kept = patched.clone();
         let _ = self.update(&target.namespace, &target.name, |object| {
-            match subresource {
-                Subresource::Status => object["status"] = patched["status"].take(),
-                Subresource::Main => {
-                    let status = object["status"].take();
-                    *object = patched;
-                    object["status"] = status;
-                }
-            }
-            if object["status"].is_null()
-                && let Some(map) = object.as_object_mut()
-            {
-                map.remove("status");
-            }
+            take_patched(object, patched, subresource);
         });
         // an object whose last finalizer went is gone; report it as written
         Written::Applied(
@@ -354,6 +342,24 @@ fn edit_stored(object: &mut Value, version: &str, edit: impl FnOnce(&mut Value))
         && object["metadata"]["finalizers"]
             .as_array()
             .is_none_or(Vec::is_empty)
+}
+
+/// Takes the patched object's part that `subresource` names (the status,
+/// or everything but the status) into the stored object.
+fn take_patched(object: &mut Value, mut patched: Value, subresource: Subresource) {
+    match subresource {
+        Subresource::Status => object["status"] = patched["status"].take(),
+        Subresource::Main => {
+            let status = object["status"].take();
+            *object = patched;
+            object["status"] = status;
+        }
+    }
+    if object["status"].is_null()
+        && let Some(map) = object.as_object_mut()
+    {
+        map.remove("status");
+    }
 }
 
 fn other_key(kind: &str, namespace: &str, name: &str) -> String {
@@ -461,19 +467,7 @@ impl Objects {
         let subresource = patch.subresource;
         let kept = patched.clone();
         match self.update_object(&target.kind, &target.namespace, &target.name, |object| {
-            match subresource {
-                Subresource::Status => object["status"] = patched["status"].take(),
-                Subresource::Main => {
-                    let status = object["status"].take();
-                    *object = patched;
-                    object["status"] = status;
-                }
-            }
-            if object["status"].is_null()
-                && let Some(map) = object.as_object_mut()
-            {
-                map.remove("status");
-            }
+            take_patched(object, patched, subresource);
         }) {
             Ok(Some(object)) => Written::Applied(object),
             // the last finalizer went: the object is gone, as written

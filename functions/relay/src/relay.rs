@@ -141,6 +141,8 @@ struct State {
     /// The variants each in-cluster object may be injected into, by
     /// `(namespace, kind, name)` of their injectors.
     variants_by_injectable: BTreeMap<PackageKey, BTreeSet<Key>>,
+    /// The revisions each variant (by uid) owns.
+    owned_by_variant: BTreeMap<String, BTreeSet<Key>>,
     /// A refused variant's (or variant set's) resourceVersion.
     refused_variants: BTreeMap<Key, String>,
     sets: BTreeMap<Key, PackageVariantSet>,
@@ -163,6 +165,13 @@ impl State {
 
     /// Keeps a revision and its place in the repository index.
     fn put(&mut self, key: Key, pr: PackageRevision) {
+        self.unindex_owners(&key);
+        for r in variant_owners(&pr) {
+            self.owned_by_variant
+                .entry(r.to_owned())
+                .or_default()
+                .insert(key.clone());
+        }
         let repository = key_of(pr.metadata.namespace.as_deref(), Some(&pr.spec.repository));
         if let Some(old) = self.repository_of.insert(key.clone(), repository.clone())
             && old != repository
@@ -178,11 +187,28 @@ impl State {
     }
 
     fn remove(&mut self, key: &Key) {
+        self.unindex_owners(key);
         self.revisions.remove(key);
         if let Some(repository) = self.repository_of.remove(key)
             && let Some(set) = self.members.get_mut(&repository)
         {
             set.remove(key);
+        }
+    }
+
+    /// Takes a revision out of the owner index (before it changes or goes).
+    fn unindex_owners(&mut self, key: &Key) {
+        let Some(old) = self.revisions.get(key) else {
+            return;
+        };
+        let uids: Vec<String> = variant_owners(old).map(str::to_owned).collect();
+        for uid in uids {
+            if let Some(set) = self.owned_by_variant.get_mut(&uid) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.owned_by_variant.remove(&uid);
+                }
+            }
         }
     }
 
@@ -313,13 +339,8 @@ impl State {
     /// The variants a revision's change may matter to: those owning it
     /// and those naming its package.
     fn variants_of(&self, pr: &PackageRevision) -> Vec<Key> {
-        let mut keys: BTreeSet<Key> = pr
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .filter(|r| r.kind == "PackageVariant")
-            .filter_map(|r| self.variant_uids.get(&r.uid).cloned())
+        let mut keys: BTreeSet<Key> = variant_owners(pr)
+            .filter_map(|uid| self.variant_uids.get(uid).cloned())
             .collect();
         let package = (
             pr.metadata
@@ -904,16 +925,14 @@ impl<C: Cluster + 'static, I: Invoker + 'static> Relay<C, I> {
         }
         // owned revisions that are no longer the target (the downstream
         // changed): deleted or orphaned by the handler
-        for pr in state.revisions.values() {
-            let owned = pr
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|r| r.uid == uid);
-            if owned
-                && pr.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && !related.contains(pr)
+        for pr in state
+            .owned_by_variant
+            .get(&uid)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| state.revisions.get(k))
+        {
+            if pr.metadata.namespace.as_deref() == Some(namespace.as_str()) && !related.contains(pr)
             {
                 related.push(pr.clone());
             }
@@ -1682,6 +1701,16 @@ fn sync_complete_condition(failed: &[WriteFailure]) -> Condition {
         message.push_str(&format!("; and {} more", failed.len() - FAILURES_NAMED));
     }
     repository_condition(SYNC_COMPLETE, false, "PartialFailure", &message)
+}
+
+/// The uids of the PackageVariants among a revision's owners.
+fn variant_owners(pr: &PackageRevision) -> impl Iterator<Item = &str> {
+    pr.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.kind == "PackageVariant")
+        .map(|r| r.uid.as_str())
 }
 
 /// The keys of `objects` a complete list (namespace, name) does not hold.

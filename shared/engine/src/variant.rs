@@ -64,10 +64,12 @@ pub struct Plan {
     /// A published downstream that gets an edit draft if the mutations
     /// would change its files.
     pub edit_if_changed: Option<PackageRevision>,
-    /// The variant, its status so far, and the names of its downstreams.
+    /// The variant and its status so far.
     variant: Option<PackageVariant>,
     status: Option<PackageVariantStatus>,
-    related: Vec<PackageRevision>,
+    /// The edit draft of `edit_if_changed`, named now: `finish` adds it
+    /// when the files would change.
+    edit_draft: Option<(String, Apply)>,
     now: Time,
 }
 
@@ -391,7 +393,7 @@ pub fn reconcile(invocation: &Invocation, now: &Time) -> Result<Plan, HandlerErr
         edit_if_changed: None,
         variant: Some(pv.clone()),
         status: None,
-        related: invocation.related.clone(),
+        edit_draft: None,
         now: now.clone(),
     };
     let related = &invocation.related;
@@ -576,6 +578,11 @@ pub fn reconcile(invocation: &Invocation, now: &Time) -> Result<Plan, HandlerErr
         if up_to_date(current, upstream) {
             targets.push(name(current));
             plan.edit_if_changed = Some(current.clone());
+            plan.edit_draft = Some(create(
+                &pv,
+                related,
+                json!({"copyFrom": {"name": name(current)}}),
+            ));
         } else {
             let lock = current
                 .status
@@ -672,12 +679,10 @@ impl Plan {
         let (Some(pv), Some(mut status)) = (self.variant.take(), self.status.take()) else {
             return self.outcome;
         };
-        if edit_needed && let Some(current) = &self.edit_if_changed {
-            let (created, apply) = create(
-                &pv,
-                &self.related,
-                json!({"copyFrom": {"name": name(current)}}),
-            );
+        if edit_needed
+            && let (Some(current), Some((created, apply))) =
+                (&self.edit_if_changed, self.edit_draft.take())
+        {
             self.outcome.apply.push(apply);
             for target in &mut status.downstream_targets {
                 if target.name == name(current) {

@@ -196,3 +196,32 @@ impl GitServer {
         }
     }
 }
+
+/// Creates `blueprints.app.<workspace>`, a copy of `blueprints.app.<from>`,
+/// and publishes it through `relay`.
+pub(crate) async fn publish_copy<C, I>(
+    world: &World,
+    relay: &porch_relay::relay::Relay<C, I>,
+    from: &str,
+    workspace: &str,
+) where
+    C: porch_relay::cluster::Cluster + 'static,
+    I: porch_relay::invoker::Invoker + 'static,
+{
+    let name = format!("blueprints.app.{workspace}");
+    let copy = {
+        let mut objects = world.cluster.lock().expect("lock");
+        objects
+            .create(json!({
+                "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"packageName": "app", "repository": "blueprints", "workspaceName": workspace,
+                         "lifecycle": "Draft", "source": {"copyFrom": {"name": format!("blueprints.app.{from}")}}}
+            }))
+            .expect("created");
+        typed(objects.get("default", &name).expect("stored"))
+    };
+    relay.observe_revision(copy);
+    relay.drain().await;
+    publish(world, relay, &name).await;
+}

@@ -13,7 +13,7 @@ use porch_relay::memory::Objects;
 use porch_relay::relay::{Relay, RelayConfig};
 use serde_json::{Value, json};
 
-use crate::support::{World, condition, git, publish};
+use crate::support::{World, condition, git, publish, publish_copy};
 
 fn variant_object(world: &World) -> Option<Value> {
     world
@@ -168,27 +168,7 @@ async fn a_variant_clones_upgrades_and_cleans_up_its_downstream() {
 
     // the downstream is published, then the upstream moves to v2
     publish(&world, &relay, "blueprints.app-dev.packagevariant-1").await;
-    let copy = world
-        .cluster
-        .lock()
-        .expect("lock")
-        .create(json!({
-            "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
-            "metadata": {"name": "blueprints.app.v2", "namespace": "default"},
-            "spec": {"packageName": "app", "repository": "blueprints", "workspaceName": "v2",
-                     "lifecycle": "Draft", "source": {"copyFrom": {"name": "blueprints.app.v1"}}}
-        }))
-        .expect("created");
-    relay.observe_revision(crate::support::typed(
-        world
-            .cluster
-            .lock()
-            .expect("lock")
-            .get("default", &copy)
-            .expect("stored"),
-    ));
-    relay.drain().await;
-    publish(&world, &relay, "blueprints.app.v2").await;
+    publish_copy(&world, &relay, "v1", "v2").await;
     let upgrade = world
         .object("blueprints.app-dev.packagevariant-2")
         .expect("the upgrade draft");

@@ -12,7 +12,7 @@ use porch_relay::invoker::InProcess;
 use porch_relay::relay::{Relay, RelayConfig};
 use serde_json::json;
 
-use crate::support::{GitServer, World, git, publish, typed};
+use crate::support::{GitServer, World, git, publish, publish_copy};
 
 const SITES: [&str; 3] = ["edge1", "edge2", "edge3"];
 
@@ -118,27 +118,7 @@ async fn a_set_fans_a_blueprint_out_upgrades_it_and_cleans_up() {
     for site in SITES {
         publish(&world, &relay, &format!("{site}.app.packagevariant-1")).await;
     }
-    let copy = world
-        .cluster
-        .lock()
-        .expect("lock")
-        .create(json!({
-            "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
-            "metadata": {"name": "blueprints.app.v2", "namespace": "default"},
-            "spec": {"packageName": "app", "repository": "blueprints", "workspaceName": "v2",
-                     "lifecycle": "Draft", "source": {"copyFrom": {"name": "blueprints.app.v1"}}}
-        }))
-        .expect("created");
-    relay.observe_revision(typed(
-        world
-            .cluster
-            .lock()
-            .expect("lock")
-            .get("default", &copy)
-            .expect("stored"),
-    ));
-    relay.drain().await;
-    publish(&world, &relay, "blueprints.app.v2").await;
+    publish_copy(&world, &relay, "v1", "v2").await;
     let edited = world
         .cluster
         .lock()
