@@ -294,7 +294,9 @@ impl App {
             .with_store(store)
             .with_secrets(Arc::new(SecretDirectory::new(home::secrets_dir(
                 &config_dir,
-            ))));
+            ))))
+            // the user's own machine and the user's own URLs: nothing to guard
+            .with_clone_egress(porch_git::egress::EgressPolicy::unrestricted());
         Ok(App {
             global,
             config_dir,

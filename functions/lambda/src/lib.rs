@@ -48,6 +48,10 @@ pub struct Config {
     pub s3: Option<S3Options>,
     pub function_runner: Option<String>,
     pub secrets: SecretSource,
+    /// `PORCH_CLONE_ALLOW`: what clones from git URLs may reach besides
+    /// public addresses (networks, hosts, `file`, `*`; see
+    /// [`porch_git::egress::EgressPolicy::with_allowlist`]).
+    pub clone_allow: String,
 }
 
 /// Where the Secrets that Repositories and clones name are resolved.
@@ -80,6 +84,7 @@ impl Config {
                 }
             }),
             function_runner: var("PORCH_FUNCTION_RUNNER"),
+            clone_allow: var("PORCH_CLONE_ALLOW").unwrap_or_default(),
             secrets: match (var("PORCH_AWS_SECRETS_PREFIX"), var("PORCH_SECRETS_DIR")) {
                 (Some(prefix), _) => SecretSource::AwsSecretsManager {
                     prefix,
@@ -95,8 +100,10 @@ impl Config {
     /// function runner when one is named.
     ///
     /// # Errors
-    /// A bad S3 prefix or function runner address.
+    /// A bad S3 prefix, function runner address or clone allowlist.
     pub async fn runner(&self) -> Result<Runner<AnyStore>, String> {
+        let clone_egress = porch_git::egress::EgressPolicy::with_allowlist(&self.clone_allow)
+            .map_err(|e| format!("PORCH_CLONE_ALLOW: {e}"))?;
         let store = match &self.s3 {
             Some(options) => AnyStore::S3(
                 S3Store::connect(options.clone())
@@ -126,7 +133,8 @@ impl Config {
         Ok(
             Runner::new(self.cache_dir.join("mirrors"), Arc::new(functions))
                 .with_store(store)
-                .with_secrets(secrets),
+                .with_secrets(secrets)
+                .with_clone_egress(clone_egress),
         )
     }
 }

@@ -26,7 +26,10 @@ use porch_api::planner;
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
 use porch_git::mirror::{Mirror, RetryPolicy};
-use porch_git::remote::{Remote, RemoteOptions};
+use porch_git::egress::EgressPolicy;
+use porch_git::mirror::MirrorError;
+use porch_git::snapshot::SnapshotError;
+use porch_git::remote::{Remote, RemoteError, RemoteOptions};
 use porch_git::repo::{Files, GitRepo};
 use porch_git::snapshot::{Prepared, Snapshots};
 use porch_git::store::ObjectStore;
@@ -39,6 +42,30 @@ use crate::repository::{AnyRemote, mirror_for, repository_key};
 use crate::secrets::{NoSecrets, SecretResolver};
 use crate::source::{ExternalSources, ExternalUpstream};
 
+/// The egress policy's refusal behind a handler error, if that is what it
+/// is: a refusal of the URL, not a failure worth retrying.
+fn egress_refusal(error: &HandlerError) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(inner) = source {
+        // transparent wrappers hide their inner error from `source()`
+        let remote = inner
+            .downcast_ref::<RemoteError>()
+            .or_else(|| match inner.downcast_ref::<SnapshotError>() {
+                Some(SnapshotError::Remote(e)) => Some(e),
+                _ => None,
+            })
+            .or_else(|| match inner.downcast_ref::<MirrorError>() {
+                Some(MirrorError::Remote(e) | MirrorError::Exhausted { last: e, .. }) => Some(e),
+                _ => None,
+            });
+        if let Some(RemoteError::Denied { url, reason }) = remote {
+            return Some(format!("{url}: {reason}"));
+        }
+        source = inner.source();
+    }
+    None
+}
+
 /// What the handlers share across Invocations.
 #[derive(Debug)]
 pub struct Runner<S> {
@@ -49,6 +76,9 @@ pub struct Runner<S> {
     functions: Arc<dyn FunctionRuntime>,
     render_options: RenderOptions,
     secrets: Arc<dyn SecretResolver>,
+    /// Where a clone's `cloneFrom.git.repo` may lead (users choose it, so
+    /// public addresses only unless allowlisted).
+    clone_egress: Arc<EgressPolicy>,
     /// One per mirror directory, kept so a warm process reads the manifest
     /// only when it changed.
     snapshots: Mutex<HashMap<PathBuf, Arc<Snapshots<S>>>>,
@@ -66,8 +96,17 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             functions,
             render_options: RenderOptions::default(),
             secrets: Arc::new(NoSecrets),
+            clone_egress: Arc::new(EgressPolicy::public_only()),
             snapshots: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Where clones from git URLs may connect (public addresses only by
+    /// default).
+    #[must_use]
+    pub fn with_clone_egress(mut self, policy: EgressPolicy) -> Self {
+        self.clone_egress = Arc::new(policy);
+        self
     }
 
     /// Keeps each repository's snapshot in `store`.
@@ -302,14 +341,31 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
         {
             return Ok(Err(format!("directory: {e}")));
         }
+        let url = git.repo.as_str();
+        if url.starts_with("file://") || url.starts_with('/') {
+            if let Err(denied) = self.clone_egress.check_local_path(url) {
+                return Ok(Err(denied.to_string()));
+            }
+        }
         let repository = upstream_repository(invocation, &git.repo, &git.secret_ref.name);
-        let options = match self.remote_options(&repository).await {
+        let mut options = match self.remote_options(&repository).await {
             Ok(options) => options,
             Err(HandlerError::Credentials(e)) => return Ok(Err(e)),
             Err(e) => return Err(e),
         };
-        let session = self.open_with(&repository, options).await?;
-        session.mirror.fetch().await?;
+        options.egress = Some(Arc::clone(&self.clone_egress));
+        if let Err(e) = crate::repository::remote_for(&repository, options.clone()) {
+            // an unusable URL, or one the egress policy refuses: a refusal
+            return Ok(Err(e.to_string()));
+        }
+        let opened = match self.open_with(&repository, options).await {
+            Ok(session) => session.mirror.fetch().await.map(|_| session).map_err(Into::into),
+            Err(e) => Err(e),
+        };
+        let session = match opened {
+            Ok(session) => session,
+            Err(e) => return egress_refusal(&e).map(Err).ok_or(e),
+        };
         let (path, url, reference) = (
             session.mirror.path().to_path_buf(),
             git.repo.clone(),

@@ -19,6 +19,7 @@
 
 pub mod annotation;
 pub mod discovery;
+pub mod egress;
 pub mod identity;
 pub mod layout;
 pub mod mirror;

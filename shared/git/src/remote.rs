@@ -16,6 +16,7 @@ use crate::pktline::{
     self, Advertisement, FLUSH, Packet, ProtocolError, RefRejection, parse_advertisement,
     parse_report_status,
 };
+use crate::egress::{Denied, EgressPolicy, GuardedResolver};
 use crate::repo::{GitRepo, RefUpdate, RepoError};
 use gix::ObjectId;
 use std::collections::BTreeMap;
@@ -85,6 +86,9 @@ pub struct RemoteOptions {
     pub max_advertisement_bytes: usize,
     /// The largest pack accepted from a fetch.
     pub max_pack_bytes: usize,
+    /// Where connections may go; `None` checks nothing (an administrator's
+    /// Repository). URLs users choose carry a policy ([`crate::egress`]).
+    pub egress: Option<Arc<EgressPolicy>>,
 }
 
 impl Default for RemoteOptions {
@@ -96,6 +100,7 @@ impl Default for RemoteOptions {
             request_timeout: Duration::from_secs(300),
             max_advertisement_bytes: 256 << 20,
             max_pack_bytes: 1 << 30,
+            egress: None,
         }
     }
 }
@@ -138,6 +143,9 @@ pub enum RemoteError {
     Unpack { url: String, reason: String },
     #[error("{url} reported an error: {message}")]
     Server { url: String, message: String },
+    /// The egress policy refuses where the URL leads.
+    #[error("{url}: {reason}")]
+    Denied { url: String, reason: String },
     #[error("{url} does not support {what}")]
     Unsupported { url: String, what: &'static str },
     #[error("invalid ref update: {0}")]
@@ -490,17 +498,33 @@ impl SmartRemote {
         let _ = parsed.set_username("");
         let _ = parsed.set_password(None);
         let display = parsed.as_str().trim_end_matches('/').to_owned();
+        let guard = options.egress.clone().filter(|p| !p.is_unrestricted());
+        if let Some(policy) = &guard {
+            let host = parsed.host_str().unwrap_or_default();
+            if !policy.allows_host(host) {
+                policy.check_url(&parsed).map_err(|e| RemoteError::Denied {
+                    url: display.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+        }
         let endpoint = match parsed.scheme() {
             "http" | "https" => {
                 let tls = tls_config(options.ca_bundle.as_deref()).map_err(|e| bad(&e))?;
-                let client = reqwest::Client::builder()
+                let mut builder = reqwest::Client::builder()
                     .use_preconfigured_tls(tls)
                     .connect_timeout(options.connect_timeout)
                     .timeout(options.request_timeout)
-                    .redirect(reqwest::redirect::Policy::limited(5))
-                    .user_agent(AGENT.trim_start_matches("agent="))
-                    .build()
-                    .map_err(|e| bad(&e.to_string()))?;
+                    .redirect(redirect_policy(guard.clone()))
+                    .user_agent(AGENT.trim_start_matches("agent="));
+                if let Some(policy) = &guard {
+                    // Every name is resolved through the policy, so the
+                    // connection goes only to an address that passed.
+                    builder = builder
+                        .no_proxy()
+                        .dns_resolver(Arc::new(GuardedResolver(Arc::clone(policy))));
+                }
+                let client = builder.build().map_err(|e| bad(&e.to_string()))?;
                 let mut base = parsed.clone();
                 if !base.path().ends_with('/') {
                     base.set_path(&format!("{}/", base.path()));
@@ -530,6 +554,12 @@ impl SmartRemote {
     }
 
     fn unreachable(&self, e: &reqwest::Error) -> RemoteError {
+        if let Some(reason) = egress_refusal(e) {
+            return RemoteError::Denied {
+                url: self.display.clone(),
+                reason,
+            };
+        }
         // connection refused/reset, timeouts: all worth another try
         RemoteError::Unreachable {
             url: self.display.clone(),
@@ -634,9 +664,29 @@ impl SmartRemote {
                 )
             }
             Endpoint::Daemon { host, port, path } => {
+                let addresses = match self.options.egress.as_deref() {
+                    Some(policy) if !policy.allows_host(host) => {
+                        match policy.resolve(host, *port).await {
+                            Ok(addresses) => addresses,
+                            Err(crate::egress::ResolveError::Refused(refused)) => {
+                                return Err(RemoteError::Denied {
+                                    url: self.display.clone(),
+                                    reason: refused.to_string(),
+                                });
+                            }
+                            Err(crate::egress::ResolveError::Lookup(message)) => {
+                                return Err(self.daemon_error(&message, true));
+                            }
+                        }
+                    }
+                    _ => tokio::net::lookup_host((host.as_str(), *port))
+                        .await
+                        .map_err(|e| self.daemon_error(&e.to_string(), true))?
+                        .collect(),
+                };
                 let mut stream = tokio::time::timeout(
                     self.options.connect_timeout,
-                    tokio::net::TcpStream::connect((host.as_str(), *port)),
+                    tokio::net::TcpStream::connect(&addresses[..]),
                 )
                 .await
                 .map_err(|_| self.daemon_error("connect timed out", true))?
@@ -1085,6 +1135,46 @@ fn redirected_base(base: &reqwest::Url, landed: &reqwest::Url) -> Option<reqwest
     out.set_query(None);
     out.set_path(path);
     (out != *base).then_some(out)
+}
+
+/// Redirects: at most five, to HTTP(S) only, each target re-checked
+/// against the egress policy (names are checked when resolved).
+fn redirect_policy(guard: Option<Arc<EgressPolicy>>) -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() >= 5 {
+            return attempt.error("more than 5 redirects");
+        }
+        if !matches!(attempt.url().scheme(), "http" | "https") {
+            let scheme = attempt.url().scheme().to_owned();
+            return attempt.error(format!("a redirect to scheme {scheme:?}"));
+        }
+        let checked = match &guard {
+            Some(policy) if !policy.allows_host(attempt.url().host_str().unwrap_or_default()) => {
+                policy.check_url(attempt.url())
+            }
+            _ => Ok(()),
+        };
+        match checked {
+            Ok(()) => attempt.follow(),
+            Err(denied) => attempt.error(denied),
+        }
+    })
+}
+
+/// The egress refusal behind a client error, from a redirect or a name
+/// that resolved to refused addresses only.
+fn egress_refusal(e: &reqwest::Error) -> Option<String> {
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(inner) = source {
+        if let Some(denied) = inner.downcast_ref::<Denied>() {
+            return Some(denied.to_string());
+        }
+        if let Some(refused) = inner.downcast_ref::<crate::egress::Refused>() {
+            return Some(refused.to_string());
+        }
+        source = inner.source();
+    }
+    None
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

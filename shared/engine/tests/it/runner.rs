@@ -9,6 +9,7 @@ use porch_api::invocation::{Invocation, Operation};
 use porch_api::v1alpha2::PackageRevision;
 use porch_engine::repository::repository_key;
 use porch_engine::runner::Runner;
+use porch_git::egress::EgressPolicy;
 use porch_git::repo::GitRepo;
 use porch_git::snapshot::Manifest;
 use porch_git::store::{
@@ -279,10 +280,12 @@ async fn clones_come_from_other_repositories_and_git_urls() -> anyhow::Result<()
     .await?;
     let deploy = empty_repo()?;
     let tmp = tempfile::tempdir()?;
+    // the upstream is a local path: allowed for clones here
     let runner = runner(
         &tmp.path().join("cache"),
         LocalDirStore::new(tmp.path().join("store")),
-    );
+    )
+    .with_clone_egress(EgressPolicy::with_allowlist("file").map_err(anyhow::Error::msg)?);
 
     // From a published revision of another registered repository.
     let mut inv = clone_into(
@@ -387,6 +390,69 @@ async fn clones_come_from_other_repositories_and_git_urls() -> anyhow::Result<()
         git(&deploy.remote, &["for-each-ref"]),
         before,
         "refusals write nothing"
+    );
+    Ok(())
+}
+
+/// A clone's git URL is the user's choice: by default it may not lead to
+/// the handler's own disk, the cloud metadata service, loopback or private
+/// addresses, by address or by name. Each is a refusal in the status,
+/// nothing is written and no request reaches the server.
+#[tokio::test]
+async fn clones_from_internal_addresses_are_refused() -> anyhow::Result<()> {
+    let upstream = empty_repo()?;
+    crate::support::publish(&upstream.mirror, "app", "v1", versioned("1", "no")).await?;
+    // a listener nobody should connect to
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let port = listener.local_addr()?.port();
+    let deploy = empty_repo()?;
+    let tmp = tempfile::tempdir()?;
+    let runner = runner(
+        &tmp.path().join("cache"),
+        LocalDirStore::new(tmp.path().join("store")),
+    );
+    let before = git(&deploy.remote, &["for-each-ref"]);
+    for (repo, expected) in [
+        (
+            format!("file://{}", upstream.remote.display()),
+            "local paths are not allowed",
+        ),
+        (upstream.remote.display().to_string(), "is not valid"),
+        (
+            "http://169.254.169.254/latest/meta-data/repo.git".to_owned(),
+            "169.254.169.254 is not allowed: a link-local address",
+        ),
+        (
+            format!("http://127.0.0.1:{port}/repo.git"),
+            "127.0.0.1 is not allowed: a loopback address",
+        ),
+        (
+            format!("http://localhost:{port}/repo.git"),
+            "localhost resolves to",
+        ),
+        (
+            "https://10.20.30.40/repo.git".to_owned(),
+            "a private address",
+        ),
+    ] {
+        let outcome = runner
+            .handle(&clone_into(
+                &deploy.remote,
+                "bad",
+                serde_json::json!({"git": {"repo": repo, "ref": "main", "directory": "app"}}),
+            ))
+            .await?;
+        let message = ready_message(&outcome);
+        assert!(
+            message.starts_with("False/Failed") && message.contains(expected),
+            "{repo}: {message}"
+        );
+    }
+    assert_eq!(git(&deploy.remote, &["for-each-ref"]), before);
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "nothing connected to the loopback listener"
     );
     Ok(())
 }

@@ -1143,3 +1143,127 @@ async fn fetch_without_side_band() {
     assert_eq!(mirror.read_files(tip, "").expect("files"), files("1"));
     fsck(tmp.path());
 }
+
+fn guarded(allow: &str) -> RemoteOptions {
+    RemoteOptions {
+        egress: Some(std::sync::Arc::new(
+            porch_git::egress::EgressPolicy::with_allowlist(allow).expect("allowlist"),
+        )),
+        ..RemoteOptions::default()
+    }
+}
+
+fn assert_denied(error: &RemoteError, needle: &str) {
+    assert!(
+        matches!(error, RemoteError::Denied { .. }),
+        "expected an egress refusal, got {error:?}"
+    );
+    assert!(!error.is_transient(), "a refusal is not retried: {error}");
+    assert!(error.to_string().contains(needle), "{error}");
+}
+
+/// The cloud metadata service, loopback and private addresses are refused
+/// for a guarded remote before any connection is made.
+#[tokio::test]
+async fn a_guarded_remote_refuses_internal_addresses() {
+    for url in [
+        "http://169.254.169.254/latest/meta-data.git",
+        "https://10.0.0.7/repo.git",
+        "http://[::ffff:127.0.0.1]:8080/repo.git",
+        "http://[fd00::1]/repo.git",
+    ] {
+        let error = SmartRemote::new(url, guarded("")).expect_err(url);
+        assert_denied(&error, "is not allowed");
+    }
+    let error = SmartRemote::new("git://192.168.0.1/repo.git", guarded("")).expect_err("git");
+    assert_denied(&error, "a private address");
+}
+
+/// A name is checked where it is resolved: `localhost` resolves to
+/// loopback only, so nothing reaches the server listening there.
+#[tokio::test]
+async fn a_guarded_remote_refuses_names_resolving_to_loopback() {
+    use wiremock::MockServer;
+    let server = MockServer::start().await;
+    let port = server.address().port();
+    let remote = SmartRemote::new(&format!("http://localhost:{port}/repo.git"), guarded(""))
+        .expect("a name is checked on connect");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    GitRepo::init_bare(tmp.path()).expect("init");
+    let error = remote.fetch(tmp.path()).await.expect_err("refused");
+    assert_denied(&error, "localhost resolves to");
+    assert!(
+        server.received_requests().await.unwrap_or_default().is_empty(),
+        "no request reached the server"
+    );
+    // the same over git://
+    let remote = SmartRemote::new(&format!("git://localhost:{port}/repo.git"), guarded(""))
+        .expect("remote");
+    let error = remote.fetch(tmp.path()).await.expect_err("refused");
+    assert_denied(&error, "localhost resolves to");
+    // allowlisted by name, the request goes out (and fails on the mock's 404)
+    let remote = SmartRemote::new(
+        &format!("http://localhost:{port}/repo.git"),
+        guarded("localhost"),
+    )
+    .expect("remote");
+    let error = remote.fetch(tmp.path()).await.expect_err("404");
+    assert!(matches!(error, RemoteError::Http { status: 404, .. }), "{error:?}");
+}
+
+/// A redirect is checked again: an allowed server sending the client to
+/// the metadata service, or to a name that resolves to loopback, is refused.
+#[tokio::test]
+async fn a_guarded_remote_rechecks_redirects() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    let port = server.address().port();
+    for (from, to) in [
+        ("/meta.git/info/refs", "http://169.254.169.254/latest/".to_owned()),
+        (
+            "/literal.git/info/refs",
+            format!("http://127.0.0.1:{port}/other.git/info/refs"),
+        ),
+        ("/file.git/info/refs", "file:///etc/passwd".to_owned()),
+    ] {
+        Mock::given(method("GET"))
+            .and(path(from))
+            .respond_with(ResponseTemplate::new(302).insert_header("location", to))
+            .mount(&server)
+            .await;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    GitRepo::init_bare(tmp.path()).expect("init");
+    // the server is allowed by its name only: a redirect to its own
+    // address, written as an address, is checked as one and refused
+    for (repo, needle) in [
+        ("meta", "169.254.169.254 is not allowed"),
+        ("literal", "127.0.0.1 is not allowed"),
+    ] {
+        let remote = SmartRemote::new(
+            &format!("http://localhost:{port}/{repo}.git"),
+            guarded("localhost"),
+        )
+        .expect("remote");
+        let error = remote.fetch(tmp.path()).await.expect_err(repo);
+        assert_denied(&error, needle);
+    }
+    let requests = server.received_requests().await.unwrap_or_default();
+    assert!(
+        requests.iter().all(|r| !r.url.path().starts_with("/other.git")),
+        "the refused redirect was not followed"
+    );
+    let remote = SmartRemote::new(
+        &format!("http://localhost:{port}/file.git"),
+        guarded("localhost"),
+    )
+    .expect("remote");
+    // a redirect off HTTP is not followed at all
+    let error = remote.fetch(tmp.path()).await.expect_err("file");
+    assert!(
+        matches!(error, RemoteError::Http { status: 302, .. }),
+        "{error:?}"
+    );
+    assert!(!error.is_transient(), "{error}");
+}
