@@ -242,11 +242,6 @@ impl Strategy {
     }
 }
 
-/// The largest file `push` reads.
-const MAX_FILE_BYTES: u64 = 8 << 20;
-/// The most files `push` reads.
-const MAX_FILES: usize = 10_000;
-
 fn out(line: impl std::fmt::Display) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
@@ -1200,6 +1195,7 @@ async fn pull(app: &mut App, name: &str, dir: &Path) -> anyhow::Result<()> {
 /// and symbolic links are skipped.
 fn read_dir_files(dir: &Path) -> anyhow::Result<Files> {
     let mut files = Files::new();
+    let mut budget = porch_api::limits::PackageBudget::default();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(current) = pending.pop() {
         for entry in std::fs::read_dir(&current)
@@ -1223,12 +1219,11 @@ fn read_dir_files(dir: &Path) -> anyhow::Result<Files> {
                 .to_str()
                 .ok_or_else(|| anyhow!("{} is not a UTF-8 path", path.display()))?
                 .replace(std::path::MAIN_SEPARATOR, "/");
-            if entry.metadata()?.len() > MAX_FILE_BYTES {
-                bail!("{relative} is larger than {MAX_FILE_BYTES} bytes");
-            }
-            if files.len() >= MAX_FILES {
-                bail!("{} holds more than {MAX_FILES} files", dir.display());
-            }
+            // checked before reading: nothing over the limits is loaded
+            let size = usize::try_from(entry.metadata()?.len()).unwrap_or(usize::MAX);
+            budget
+                .add(&relative, size)
+                .with_context(|| format!("{} cannot be pushed", dir.display()))?;
             files.insert(relative, std::fs::read(&path)?);
         }
     }

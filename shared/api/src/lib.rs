@@ -17,6 +17,7 @@ pub mod crd;
 pub mod invocation;
 pub mod kptfile;
 pub mod lifecycle;
+pub mod limits;
 pub mod naming;
 pub mod planner;
 pub mod repository;

@@ -97,6 +97,7 @@ pub async fn write<R: Remote + 'static>(
     for path in files.keys() {
         validate_file_path(path).map_err(invalid)?;
     }
+    porch_api::limits::PackageBudget::check(&files).map_err(invalid)?;
     if !files.contains_key("Kptfile") {
         return Err(HandlerError::Invalid(
             "the package has no Kptfile at its root".into(),

@@ -31,7 +31,10 @@ impl HandlerError {
     /// Whether delivering the same Invocation again may succeed.
     pub fn is_retryable(&self) -> bool {
         match self {
-            HandlerError::Invalid(_) => false,
+            HandlerError::Invalid(_)
+            | HandlerError::Repo(RepoError::TooLarge { .. } | RepoError::UnsafePath { .. }) => {
+                false
+            }
             HandlerError::Git(_)
             | HandlerError::Repo(_)
             | HandlerError::Snapshot(_)

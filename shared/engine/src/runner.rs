@@ -25,12 +25,12 @@ use porch_api::invocation::{Invocation, Operation, Outcome};
 use porch_api::planner;
 use porch_api::repository::Repository;
 use porch_api::v1alpha2::PackageRevision;
-use porch_git::mirror::{Mirror, RetryPolicy};
 use porch_git::egress::EgressPolicy;
 use porch_git::mirror::MirrorError;
-use porch_git::snapshot::SnapshotError;
+use porch_git::mirror::{Mirror, RetryPolicy};
 use porch_git::remote::{Remote, RemoteError, RemoteOptions};
 use porch_git::repo::{Files, GitRepo};
+use porch_git::snapshot::SnapshotError;
 use porch_git::snapshot::{Prepared, Snapshots};
 use porch_git::store::ObjectStore;
 use porch_krm::render::RenderOptions;
@@ -359,7 +359,12 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             return Ok(Err(e.to_string()));
         }
         let opened = match self.open_with(&repository, options).await {
-            Ok(session) => session.mirror.fetch().await.map(|_| session).map_err(Into::into),
+            Ok(session) => session
+                .mirror
+                .fetch()
+                .await
+                .map(|_| session)
+                .map_err(Into::into),
             Err(e) => Err(e),
         };
         let session = match opened {

@@ -83,7 +83,16 @@ pub fn discover(
             Some((_, blob)) => match locks.get(&blob) {
                 Some(lock) => lock.clone(),
                 None => {
-                    let lock = upstream_lock_of(&lookup.blob(blob)?);
+                    // an oversized Kptfile still lists its package (reading
+                    // it fails clearly); only its upstream is unknown
+                    let lock = match lookup.blob(blob) {
+                        Ok(bytes) => upstream_lock_of(&bytes),
+                        Err(RepoError::TooLarge { source, .. }) => {
+                            tracing::warn!(package, error = %source, "Kptfile over the size limit");
+                            None
+                        }
+                        Err(e) => return Err(e),
+                    };
                     locks.insert(blob, lock.clone());
                     lock
                 }

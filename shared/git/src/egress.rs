@@ -58,7 +58,9 @@ impl Net {
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.address, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(net) & mask == u32::from(ip) & mask
             }
             (IpAddr::V6(net), IpAddr::V6(ip)) => {
@@ -235,7 +237,9 @@ fn is_host_name(text: &str) -> bool {
         && text.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -326,17 +330,14 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let policy = Arc::clone(&self.0);
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let addresses = policy
-                .resolve(&host, 0)
-                .await
-                .map_err(|e| -> Box<dyn std::error::Error + Send + Sync> {
+            let addresses = policy.resolve(&host, 0).await.map_err(
+                |e| -> Box<dyn std::error::Error + Send + Sync> {
                     match e {
                         ResolveError::Refused(refused) => Box::new(refused),
-                        ResolveError::Lookup(message) => {
-                            Box::new(std::io::Error::other(message))
-                        }
+                        ResolveError::Lookup(message) => Box::new(std::io::Error::other(message)),
                     }
-                })?;
+                },
+            )?;
             let addresses: reqwest::dns::Addrs = Box::new(addresses.into_iter());
             Ok(addresses)
         })
@@ -412,7 +413,14 @@ mod tests {
                 .check_ip("169.254.169.254".parse().expect("ip"))
                 .is_ok()
         );
-        for bad in ["10.0.0.0/33", "::1/129", "a b", "http://x", "-x.example", "1.2.3.4/x"] {
+        for bad in [
+            "10.0.0.0/33",
+            "::1/129",
+            "a b",
+            "http://x",
+            "-x.example",
+            "1.2.3.4/x",
+        ] {
             assert!(EgressPolicy::with_allowlist(bad).is_err(), "{bad}");
         }
     }
@@ -428,7 +436,13 @@ mod tests {
         assert!(error.contains("localhost resolves to"), "{error}");
         assert!(error.contains("loopback"), "{error}");
         let allowed = EgressPolicy::with_allowlist("localhost").expect("allowlist");
-        assert!(!allowed.resolve("localhost", 80).await.expect("allowed").is_empty());
+        assert!(
+            !allowed
+                .resolve("localhost", 80)
+                .await
+                .expect("allowed")
+                .is_empty()
+        );
         let error = policy
             .resolve("[::1]", 80)
             .await

@@ -12,11 +12,11 @@
 //! SSH remotes are not supported; `ssh://` and scp-like URLs are rejected
 //! with a clear error.
 
+use crate::egress::{Denied, EgressPolicy, GuardedResolver};
 use crate::pktline::{
     self, Advertisement, FLUSH, Packet, ProtocolError, RefRejection, parse_advertisement,
     parse_report_status,
 };
-use crate::egress::{Denied, EgressPolicy, GuardedResolver};
 use crate::repo::{GitRepo, RefUpdate, RepoError};
 use gix::ObjectId;
 use std::collections::BTreeMap;

@@ -9,6 +9,7 @@ use gix::bstr::ByteSlice;
 use gix::objs::tree::EntryKind;
 use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 use gix::refs::{FullName, Target};
+use porch_api::limits::{LimitError, MAX_FILE_BYTES, MAX_PACKAGE_FILES, PackageBudget};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -36,6 +37,14 @@ pub enum RepoError {
         step: &'static str,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A package over the size limits ([`porch_api::limits`]), read or
+    /// written.
+    #[error("package {dir:?}: {source}")]
+    TooLarge {
+        dir: String,
+        #[source]
+        source: LimitError,
     },
     #[error("ref {name} changed: expected {expected}, the repository has {actual}")]
     Conflict {
@@ -163,6 +172,10 @@ impl GitRepo {
         for path in files.keys() {
             validate_file_path(path)?;
         }
+        PackageBudget::check(files).map_err(|source| RepoError::TooLarge {
+            dir: String::new(),
+            source,
+        })?;
         let empty = ObjectId::empty_tree(self.repo.object_hash());
         let mut editor = self.repo.edit_tree(empty).map_err(git("start a tree"))?;
         for (path, content) in files {
@@ -355,8 +368,29 @@ impl GitRepo {
                 _ => return Ok(Files::new()),
             }
         };
+        let too_large = |source| RepoError::TooLarge {
+            dir: dir.to_owned(),
+            source,
+        };
+        let blobs = self.blobs_under(subtree)?;
+        if blobs.len() > MAX_PACKAGE_FILES {
+            return Err(too_large(LimitError::TooManyFiles));
+        }
+        // sizes from the object headers first: nothing over the limits is
+        // inflated
+        let mut budget = PackageBudget::default();
+        for (path, id) in &blobs {
+            let size = self
+                .repo
+                .find_header(*id)
+                .map_err(git("read a blob header"))?
+                .size();
+            budget
+                .add(path, usize::try_from(size).unwrap_or(usize::MAX))
+                .map_err(too_large)?;
+        }
         let mut files = Files::new();
-        for (path, id) in self.blobs_under(subtree)? {
+        for (path, id) in blobs {
             let blob = self.repo.find_blob(id).map_err(git("read a blob"))?;
             files.insert(path, blob.data.clone());
         }
@@ -392,6 +426,20 @@ impl GitRepo {
         };
         if !entry.mode().is_blob() {
             return Ok(None);
+        }
+        let size = self
+            .repo
+            .find_header(entry.object_id())
+            .map_err(git("read a blob header"))?
+            .size();
+        if size > MAX_FILE_BYTES as u64 {
+            return Err(RepoError::TooLarge {
+                dir: path.rsplit_once('/').map_or("", |(d, _)| d).to_owned(),
+                source: LimitError::FileTooLarge {
+                    path: path.to_owned(),
+                    size: usize::try_from(size).unwrap_or(usize::MAX),
+                },
+            });
         }
         let blob = self
             .repo
@@ -806,8 +854,23 @@ impl<'r> PathLookup<'r> {
         Ok(None)
     }
 
-    /// A blob's content.
+    /// A blob's content, unless it is larger than a file may be.
     pub(crate) fn blob(&self, id: ObjectId) -> Result<Vec<u8>, RepoError> {
+        let size = self
+            .repo
+            .repo
+            .find_header(id)
+            .map_err(git("read a blob header"))?
+            .size();
+        if size > MAX_FILE_BYTES as u64 {
+            return Err(RepoError::TooLarge {
+                dir: String::new(),
+                source: LimitError::FileTooLarge {
+                    path: id.to_string(),
+                    size: usize::try_from(size).unwrap_or(usize::MAX),
+                },
+            });
+        }
         Ok(self
             .repo
             .repo

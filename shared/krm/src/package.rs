@@ -13,7 +13,7 @@ use crate::yaml::{self, Node, SeqIndent, Value};
 pub type Files = BTreeMap<String, Vec<u8>>;
 
 /// Largest file read as KRM.
-pub const MAX_FILE_BYTES: usize = 8 << 20;
+pub const MAX_FILE_BYTES: usize = porch_api::limits::MAX_FILE_BYTES;
 
 /// Why a package could not be read or written.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]

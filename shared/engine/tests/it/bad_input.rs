@@ -88,3 +88,45 @@ async fn hostile_and_incomplete_invocations_are_refused_without_writes() -> anyh
     assert_eq!(GitRepo::open(&repo.remote)?.refs()?, before);
     Ok(())
 }
+
+/// A push over the package limits (one file too large, too many files, too
+/// many bytes in all) is refused, not retried, and writes nothing.
+#[tokio::test]
+async fn pushes_over_the_package_limits_are_refused_without_writes() -> anyhow::Result<()> {
+    use porch_api::limits::{MAX_FILE_BYTES, MAX_PACKAGE_FILES};
+    let repo = repo_with_draft(package(LABELS)).await?;
+    let before = GitRepo::open(&repo.remote)?.refs()?;
+    let inv = invocation("render", serde_json::json!({}));
+    let pr = inv.package_revision.clone().expect("revision");
+    let mut repository = inv.repository.clone();
+    repository.spec.git.as_mut().expect("git").repo = format!("file://{}", repo.remote.display());
+    let tmp = tempfile::tempdir()?;
+    let runner = porch_engine::runner::Runner::<porch_git::store::LocalDirStore>::new(
+        tmp.path(),
+        std::sync::Arc::new(porch_krm::runtime::Runtimes::new()),
+    );
+    let mut one_large = package(LABELS);
+    one_large.insert("big.yaml".into(), vec![b'#'; MAX_FILE_BYTES + 1]);
+    let mut many = package(LABELS);
+    for i in 0..MAX_PACKAGE_FILES {
+        many.insert(format!("f/{i}.yaml"), b"# x\n".to_vec());
+    }
+    let mut heavy = package(LABELS);
+    for i in 0..8 {
+        heavy.insert(format!("h{i}.yaml"), vec![b'#'; MAX_FILE_BYTES]);
+    }
+    for (name, files, expected) in [
+        ("one large file", one_large, "big.yaml has 8388609 bytes"),
+        ("too many files", many, "more than 10000 files"),
+        ("too many bytes", heavy, "more than 67108864 bytes in all"),
+    ] {
+        let error = runner
+            .write_draft(&repository, &pr, files, "alice@example.com")
+            .await
+            .expect_err(name);
+        assert!(!error.is_retryable(), "{name}: {error}");
+        assert!(error.to_string().contains(expected), "{name}: {error}");
+    }
+    assert_eq!(GitRepo::open(&repo.remote)?.refs()?, before);
+    Ok(())
+}

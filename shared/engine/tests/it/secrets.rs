@@ -216,7 +216,9 @@ async fn registered_repositories_and_git_url_clones_use_the_named_secret() {
     );
     // the test's git server listens on loopback: allowed for clones here
     let runner = runner(tmp.path(), Arc::new(SecretDirectory::new(&secrets_dir)))
-        .with_clone_egress(porch_git::egress::EgressPolicy::with_allowlist("127.0.0.1").expect("allow"));
+        .with_clone_egress(
+            porch_git::egress::EgressPolicy::with_allowlist("127.0.0.1").expect("allow"),
+        );
 
     // registered: sync discovers the package with the Secret's credentials
     let outcome = runner

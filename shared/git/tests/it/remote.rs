@@ -1193,12 +1193,16 @@ async fn a_guarded_remote_refuses_names_resolving_to_loopback() {
     let error = remote.fetch(tmp.path()).await.expect_err("refused");
     assert_denied(&error, "localhost resolves to");
     assert!(
-        server.received_requests().await.unwrap_or_default().is_empty(),
+        server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .is_empty(),
         "no request reached the server"
     );
     // the same over git://
-    let remote = SmartRemote::new(&format!("git://localhost:{port}/repo.git"), guarded(""))
-        .expect("remote");
+    let remote =
+        SmartRemote::new(&format!("git://localhost:{port}/repo.git"), guarded("")).expect("remote");
     let error = remote.fetch(tmp.path()).await.expect_err("refused");
     assert_denied(&error, "localhost resolves to");
     // allowlisted by name, the request goes out (and fails on the mock's 404)
@@ -1208,7 +1212,10 @@ async fn a_guarded_remote_refuses_names_resolving_to_loopback() {
     )
     .expect("remote");
     let error = remote.fetch(tmp.path()).await.expect_err("404");
-    assert!(matches!(error, RemoteError::Http { status: 404, .. }), "{error:?}");
+    assert!(
+        matches!(error, RemoteError::Http { status: 404, .. }),
+        "{error:?}"
+    );
 }
 
 /// A redirect is checked again: an allowed server sending the client to
@@ -1220,7 +1227,10 @@ async fn a_guarded_remote_rechecks_redirects() {
     let server = MockServer::start().await;
     let port = server.address().port();
     for (from, to) in [
-        ("/meta.git/info/refs", "http://169.254.169.254/latest/".to_owned()),
+        (
+            "/meta.git/info/refs",
+            "http://169.254.169.254/latest/".to_owned(),
+        ),
         (
             "/literal.git/info/refs",
             format!("http://127.0.0.1:{port}/other.git/info/refs"),
@@ -1251,7 +1261,9 @@ async fn a_guarded_remote_rechecks_redirects() {
     }
     let requests = server.received_requests().await.unwrap_or_default();
     assert!(
-        requests.iter().all(|r| !r.url.path().starts_with("/other.git")),
+        requests
+            .iter()
+            .all(|r| !r.url.path().starts_with("/other.git")),
         "the refused redirect was not followed"
     );
     let remote = SmartRemote::new(

@@ -387,3 +387,100 @@ fn a_handle_reports_its_net_ref_changes() {
     assert!(repo.update_ref("refs/heads/kept", Some(one), None).is_err());
     assert!(repo.take_ref_changes().is_empty());
 }
+
+/// Packages pushed to git by other means over the size limits: reading one
+/// fails clearly (sizes come from object headers, nothing is inflated),
+/// discovery still lists them, and writing one is refused before any
+/// object is written.
+#[test]
+fn packages_over_the_size_limits_are_refused_on_read_write_and_discovery() {
+    use porch_api::limits::{LimitError, MAX_FILE_BYTES, MAX_PACKAGE_FILES};
+    let work = tempfile::tempdir().expect("work");
+    let bare = tempfile::tempdir().expect("bare");
+    let in_work = |args: &[&str]| {
+        let mut command = git_command();
+        command.current_dir(work.path()).args(args);
+        run(command);
+    };
+    in_work(&["init", "-q", "-b", "main"]);
+    let write = |path: &str, content: &[u8]| {
+        let file = work.path().join(path);
+        std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+        std::fs::write(file, content).expect("write");
+    };
+    let kptfile = |name: &str| {
+        format!("apiVersion: kpt.dev/v1\nkind: Kptfile\nmetadata:\n  name: {name}\n").into_bytes()
+    };
+    for name in ["ok", "big", "many"] {
+        write(&format!("{name}/Kptfile"), &kptfile(name));
+    }
+    write("big/huge.yaml", &vec![b'#'; MAX_FILE_BYTES + 1]);
+    for i in 0..MAX_PACKAGE_FILES {
+        write(&format!("many/f/{i}.yaml"), b"# same\n");
+    }
+    let mut huge_kptfile = kptfile("fat");
+    huge_kptfile.resize(MAX_FILE_BYTES + 10, b'\n');
+    write("fat/Kptfile", &huge_kptfile);
+    in_work(&["add", "."]);
+    in_work(&["commit", "-q", "-m", "oversized"]);
+    in_work(&[
+        "clone",
+        "-q",
+        "--bare",
+        ".",
+        bare.path().to_str().expect("utf8"),
+    ]);
+
+    let repo = GitRepo::open(bare.path()).expect("open");
+    let head = repo.refs().expect("refs")["refs/heads/main"];
+    assert_eq!(repo.read_files(head, "ok").expect("ok").len(), 1);
+    match repo.read_files(head, "big") {
+        Err(RepoError::TooLarge {
+            dir,
+            source: LimitError::FileTooLarge { path, size },
+        }) => assert_eq!(
+            (dir.as_str(), path.as_str(), size),
+            ("big", "huge.yaml", MAX_FILE_BYTES + 1)
+        ),
+        other => panic!("{other:?}"),
+    }
+    let error = repo.read_files(head, "many").expect_err("too many files");
+    assert!(
+        matches!(
+            &error,
+            RepoError::TooLarge {
+                source: LimitError::TooManyFiles,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains("more than 10000 files"),
+        "{error}"
+    );
+    assert!(matches!(
+        repo.file(head, "fat/Kptfile"),
+        Err(RepoError::TooLarge { .. })
+    ));
+
+    let found = porch_git::discovery::discover(&repo, &RepoLayout::new("", "main"), "r", "url")
+        .expect("discovery does not fail on one oversized package");
+    let mut packages: Vec<_> = found.iter().map(|r| r.package.as_str()).collect();
+    packages.sort_unstable();
+    packages.dedup();
+    assert_eq!(packages, ["big", "fat", "many", "ok"]);
+
+    let empty = tempfile::tempdir().expect("tempdir");
+    let target = GitRepo::init_bare(empty.path()).expect("init");
+    let mut files = Files::new();
+    files.insert("Kptfile".into(), kptfile("x"));
+    files.insert("big.yaml".into(), vec![b'#'; MAX_FILE_BYTES + 1]);
+    let error = target.write_files(&files).expect_err("too large");
+    assert!(
+        error.to_string().contains("big.yaml has 8388609 bytes"),
+        "{error}"
+    );
+    let objects = git(empty.path(), &["count-objects", "-v"]);
+    assert!(objects.contains("count: 0"), "nothing written: {objects}");
+}
