@@ -52,6 +52,9 @@ pub struct Config {
     /// public addresses (networks, hosts, `file`, `*`; see
     /// [`porch_git::egress::EgressPolicy::with_allowlist`]).
     pub clone_allow: String,
+    /// `PORCH_FUNCTION_IMAGES`: the images sent to the function runner
+    /// (exact names or prefixes ending in `*`); the kpt catalog when unset.
+    pub function_images: Option<String>,
 }
 
 /// Where the Secrets that Repositories and clones name are resolved.
@@ -85,6 +88,7 @@ impl Config {
             }),
             function_runner: var("PORCH_FUNCTION_RUNNER"),
             clone_allow: var("PORCH_CLONE_ALLOW").unwrap_or_default(),
+            function_images: var("PORCH_FUNCTION_IMAGES"),
             secrets: match (var("PORCH_AWS_SECRETS_PREFIX"), var("PORCH_SECRETS_DIR")) {
                 (Some(prefix), _) => SecretSource::AwsSecretsManager {
                     prefix,
@@ -120,7 +124,14 @@ impl Config {
             functions = functions.with(Arc::new(GrpcRuntime::new(
                 channel,
                 tokio::runtime::Handle::current(),
-                ClientOptions::default(),
+                ClientOptions {
+                    images: self
+                        .function_images
+                        .as_deref()
+                        .map(porch_krm::grpc::ImageAllowlist::parse)
+                        .unwrap_or_default(),
+                    ..ClientOptions::default()
+                },
             )));
         }
         let secrets: Arc<dyn SecretResolver> = match &self.secrets {

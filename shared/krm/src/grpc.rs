@@ -40,6 +40,8 @@ pub struct ClientOptions {
     pub max_message_bytes: usize,
     /// Deadline of one call.
     pub timeout: Duration,
+    /// The images sent to the runner; others fail before any call.
+    pub images: ImageAllowlist,
 }
 
 impl Default for ClientOptions {
@@ -47,7 +49,51 @@ impl Default for ClientOptions {
         ClientOptions {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             timeout: Duration::from_secs(300),
+            images: ImageAllowlist::default(),
         }
+    }
+}
+
+/// Which function images may run: exact names, or prefixes ending in `*`.
+/// The default is the kpt function catalog.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageAllowlist(Vec<String>);
+
+/// The kpt function catalog's registries.
+pub const CATALOG_IMAGES: &str = "gcr.io/kpt-fn/*,ghcr.io/kptdev/krm-functions-catalog/*";
+
+impl Default for ImageAllowlist {
+    fn default() -> Self {
+        Self::parse(CATALOG_IMAGES)
+    }
+}
+
+impl ImageAllowlist {
+    /// Comma-separated entries: `*` allows every image.
+    pub fn parse(text: &str) -> Self {
+        Self(
+            text.split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    /// A name without a registry (`set-labels:v0.2`) is a catalog short
+    /// name and is checked as the catalog image it stands for.
+    pub fn allows(&self, image: &str) -> bool {
+        let full;
+        let image = if image.contains('/') {
+            image
+        } else {
+            full = format!("ghcr.io/kptdev/krm-functions-catalog/{image}");
+            &full
+        };
+        self.0.iter().any(|entry| match entry.strip_suffix('*') {
+            Some(prefix) => image.starts_with(prefix),
+            None => entry == image,
+        })
     }
 }
 
@@ -169,6 +215,11 @@ impl FunctionRuntime for GrpcRuntime {
         let FunctionRef::Image(image) = call.function else {
             return Err(FunctionError::NotFound(call.function.display().to_owned()));
         };
+        if !self.options.images.allows(image) {
+            return Err(FunctionError::Runtime(format!(
+                "image {image:?} is not in the function image allowlist"
+            )));
+        }
         // The call runs as a task on the runtime; this (blocking) thread waits.
         let (tx, rx) = std::sync::mpsc::channel();
         let this = self.clone();

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use porch_krm::builtins::BuiltinRuntime;
-use porch_krm::grpc::{ClientOptions, Evaluator, FunctionEvaluatorServer, GrpcRuntime, serve};
+use porch_krm::grpc::{
+    ClientOptions, Evaluator, FunctionEvaluatorServer, GrpcRuntime, ImageAllowlist, serve,
+};
 use porch_krm::package::Files;
 use porch_krm::render::{RenderOptions, Rendered, render};
 use porch_krm::runtime::{ExecLimits, ExecRuntime, FunctionRuntime, Runtimes};
@@ -176,6 +178,7 @@ async fn a_slow_function_hits_the_deadline() {
     let (address, _stop) = start_server(Some(exec), 6 << 20).await;
     let options = ClientOptions {
         timeout: Duration::from_millis(300),
+        images: ImageAllowlist::parse("example.com/*"),
         ..ClientOptions::default()
     };
     let files = package("  - image: example.com/slow:v1\n");
@@ -202,8 +205,12 @@ async fn failures_and_unknown_images_map_to_typed_errors() {
     let text = error_text(&rendered);
     assert!(text.contains("`FunctionConfig` is not given"), "{text}");
     // An image nobody has.
+    let everything = ClientOptions {
+        images: ImageAllowlist::parse("*"),
+        ..ClientOptions::default()
+    };
     let rendered = render_with(
-        client(&address, ClientOptions::default()),
+        client(&address, everything),
         package("  - image: example.com/none:v1\n"),
     )
     .await;
@@ -212,6 +219,36 @@ async fn failures_and_unknown_images_map_to_typed_errors() {
         "{}",
         error_text(&rendered)
     );
+}
+
+/// Only allowlisted images reach the runner (the kpt catalog by default):
+/// another image fails before any call, so no server is even needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_outside_the_allowlist_never_reach_the_runner() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = format!("http://{}", listener.local_addr().expect("addr"));
+    drop(listener);
+    for image in [
+        "evil.example/miner:v1",
+        "gcr.io/kpt-fn-evil/x:v1",
+        "ghcr.io/kptdev/krm-functions-catalog-fake/x:v1",
+    ] {
+        let files = package(&format!("  - image: {image}\n"));
+        let rendered = render_with(client(&address, ClientOptions::default()), files.clone()).await;
+        assert!(
+            error_text(&rendered).contains("not in the function image allowlist"),
+            "{image}: {}",
+            error_text(&rendered)
+        );
+        assert_eq!(rendered.files, files);
+    }
+    let defaults = ImageAllowlist::default();
+    assert!(defaults.allows("gcr.io/kpt-fn/set-labels:v0.2.0"));
+    assert!(defaults.allows("ghcr.io/kptdev/krm-functions-catalog/apply-setters:v0.2"));
+    assert!(defaults.allows("set-labels:v0.2.1"), "a catalog short name");
+    assert!(!defaults.allows("docker.io/library/set-labels:v1"));
+    assert!(ImageAllowlist::parse("*").allows("anything/at:all"));
+    assert!(!ImageAllowlist::parse("").allows("set-labels:v1"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
