@@ -15,7 +15,8 @@ pub mod decode;
 pub mod metrics;
 pub mod mutate;
 pub mod review;
-pub mod server;
+/// The HTTPS host (shared with the function runner).
+pub use porch_tls as server;
 pub mod validate;
 
 use authz::{ApprovalRequest, Authorizer, Decision};

@@ -3,6 +3,8 @@
 //! - `fn-runner serve`: Porch's `evaluator.FunctionEvaluator` gRPC API (and
 //!   `grpc.health.v1.Health`) backed by the builtin functions and, for
 //!   images mapped with `--exec-image`, local executables; metrics on HTTP.
+//!   With `--tls-cert`/`--tls-key` the API is served over TLS 1.2+ and the
+//!   certificate reloads from disk without a restart.
 //! - `fn-runner exec <function>`: one builtin as an executable (ResourceList
 //!   on stdin and stdout) for kpt and exec evaluators. Invoked through a link
 //!   named after a function, it runs that function.
@@ -14,7 +16,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use porch_krm::builtins::{BuiltinRuntime, process_resource_list};
-use porch_krm::grpc::{DEFAULT_MAX_MESSAGE_BYTES, Evaluator, serve};
+use porch_krm::grpc::{DEFAULT_MAX_MESSAGE_BYTES, Evaluator, routes, serve};
 use porch_krm::runtime::{ExecLimits, ExecRuntime};
 
 #[derive(Parser, Debug)]
@@ -47,9 +49,24 @@ enum Command {
         exec_images: Vec<String>,
         #[arg(long, env = "FN_RUNNER_EXEC_TIMEOUT_SECONDS", default_value_t = 60)]
         exec_timeout_seconds: u64,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Run one builtin function on stdin.
     Exec { function: String },
+}
+
+/// Serving the API over TLS.
+#[derive(clap::Args, Debug, Clone)]
+struct TlsArgs {
+    /// PEM certificate chain; with `--tls-key`, the API is served over TLS.
+    #[arg(long, env = "FN_RUNNER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, env = "FN_RUNNER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How often the certificate files are checked for a new pair.
+    #[arg(long, env = "FN_RUNNER_TLS_RELOAD_SECONDS", default_value_t = 10.0)]
+    tls_reload_seconds: f64,
 }
 
 fn exec(runtime: &BuiltinRuntime, name: &str) -> ExitCode {
@@ -99,12 +116,14 @@ fn main() -> ExitCode {
             max_message_bytes,
             exec_images,
             exec_timeout_seconds,
+            tls,
         } => match run_server(
             address,
             metrics_address,
             max_message_bytes,
             &exec_images,
             exec_timeout_seconds,
+            &tls,
         ) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -121,6 +140,7 @@ fn run_server(
     max_message_bytes: usize,
     exec_images: &[String],
     exec_timeout_seconds: u64,
+    tls: &TlsArgs,
 ) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -151,11 +171,34 @@ fn run_server(
                 tracing::error!(error = %e, "metrics server stopped");
             }
         });
-        tracing::info!(%address, %metrics_address, "function runner serving");
-        serve(listener, evaluator, max_message_bytes, async {
+        let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+        };
+        if let (Some(cert), Some(key)) = (&tls.tls_cert, &tls.tls_key) {
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+            let cert = porch_tls::ReloadingCert::new(porch_tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            })?;
+            cert.watch(std::time::Duration::from_secs_f64(tls.tls_reload_seconds));
+            let config = porch_tls::tls_config(cert)?;
+            let router = routes(evaluator, max_message_bytes)
+                .await
+                .into_axum_router();
+            // listening, on stderr, as the tests and local runs read it
+            eprintln!("listening on https://{}", listener.local_addr()?);
+            tracing::info!(%address, %metrics_address, "function runner serving over TLS");
+            let limits = porch_tls::ConnectionLimits {
+                // evaluations stream on few long-lived HTTP/2 connections
+                max_concurrent_streams: 256,
+                ..porch_tls::ConnectionLimits::default()
+            };
+            porch_tls::serve_tls(listener, config, router, limits, shutdown).await;
+        } else {
+            eprintln!("listening on http://{}", listener.local_addr()?);
+            tracing::info!(%address, %metrics_address, "function runner serving");
+            serve(listener, evaluator, max_message_bytes, shutdown).await?;
+        }
         Ok(())
     })
 }

@@ -342,10 +342,10 @@ impl<S: ObjectStore + Clone + 'static> Runner<S> {
             return Ok(Err(format!("directory: {e}")));
         }
         let url = git.repo.as_str();
-        if url.starts_with("file://") || url.starts_with('/') {
-            if let Err(denied) = self.clone_egress.check_local_path(url) {
-                return Ok(Err(denied.to_string()));
-            }
+        if (url.starts_with("file://") || url.starts_with('/'))
+            && let Err(denied) = self.clone_egress.check_local_path(url)
+        {
+            return Ok(Err(denied.to_string()));
         }
         let repository = upstream_repository(invocation, &git.repo, &git.secret_ref.name);
         let mut options = match self.remote_options(&repository).await {

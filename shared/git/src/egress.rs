@@ -159,7 +159,7 @@ impl EgressPolicy {
     pub fn allows_host(&self, host: &str) -> bool {
         self.unrestricted || {
             let host = host.trim_end_matches('.').to_ascii_lowercase();
-            self.hosts.iter().any(|h| *h == host)
+            self.hosts.contains(&host)
         }
     }
 

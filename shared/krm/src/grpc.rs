@@ -439,6 +439,19 @@ pub async fn serve(
     max_message_bytes: usize,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_routes(routes(evaluator, max_message_bytes).await)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}
+
+/// The evaluator and the health service as routes, for a host of the
+/// caller's choosing (plain HTTP/2 in [`serve`], TLS in the function
+/// runner).
+pub async fn routes(evaluator: Evaluator, max_message_bytes: usize) -> tonic::service::Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<FunctionEvaluatorServer<Evaluator>>()
@@ -446,14 +459,7 @@ pub async fn serve(
     let service = FunctionEvaluatorServer::new(evaluator)
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
-    tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
-        .await
+    tonic::service::Routes::new(health).add_service(service)
 }
 
 #[cfg(test)]

@@ -68,7 +68,10 @@ async fn main() -> anyhow::Result<()> {
             let dir = args.self_signed_dir.unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("porch-webhooks-{}", std::process::id()))
             });
-            let files = server::write_self_signed(&dir)?;
+            let files = server::write_self_signed(
+                &dir,
+                &["porch-webhooks", "porch-webhooks.porch-system.svc"],
+            )?;
             eprintln!(
                 "no --tls-cert given: serving a self-signed certificate for localhost from {} (key {})",
                 files.cert.display(),

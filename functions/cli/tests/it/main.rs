@@ -592,7 +592,7 @@ fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
             format!("http://127.0.0.1:{port}"),
         ),
         ("AWS_ACCESS_KEY_ID".into(), "testing".into()),
-        ("AWS_SECRET_ACCESS_KEY".into(), "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY".into(), "testing-c4n4ry".into()),
         ("AWS_REGION".into(), "us-east-1".into()),
     ];
     // The repository on a smart-HTTP git server that accepts pushes.
@@ -614,7 +614,7 @@ fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
             .arg(script)
             .arg(root.join("served"))
             .arg(git_port.to_string())
-            .env("GIT_TEST_AUTH", "porch:pw-3141")
+            .env("GIT_TEST_AUTH", "porch:pw-c4n4ry")
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("python3 runs the git server"),
@@ -636,13 +636,13 @@ fn the_whole_flow_over_smart_http_with_snapshots_in_s3() {
     );
     let stored = alice.ok_with_stdin(
         &["secret", "set", "git-creds", "--username", "porch"],
-        "pw-3141\n",
+        "pw-c4n4ry\n",
     );
-    assert!(!stored.contains("pw-3141"), "{stored}");
+    assert!(!stored.contains("pw-c4n4ry"), "{stored}");
     let password = alice.config.join("secrets/default/git-creds/password");
     assert_eq!(
         std::fs::read_to_string(&password).expect("password"),
-        "pw-3141"
+        "pw-c4n4ry"
     );
     #[cfg(unix)]
     {

@@ -14,6 +14,8 @@ use porch_krm::runtime::{
 };
 use pretty_assertions::assert_eq;
 
+mod tls;
+
 const FN_RUNNER: &str = env!("CARGO_BIN_EXE_fn-runner");
 
 fn fixtures() -> PathBuf {

@@ -35,7 +35,7 @@ async fn invoker(server: &MockServer) -> AwsLambda {
         .region(aws_config::Region::new("eu-west-1"))
         .credentials_provider(Credentials::new(
             "AKIDEXAMPLE",
-            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCY-c4n4ry",
             None,
             None,
             "test",
@@ -194,7 +194,13 @@ async fn nothing_listening_is_retryable() {
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
         .endpoint_url(format!("http://127.0.0.1:{port}"))
         .region(aws_config::Region::new("eu-west-1"))
-        .credentials_provider(Credentials::new("AKID", "secret", None, None, "test"))
+        .credentials_provider(Credentials::new(
+            "AKID",
+            "secret-c4n4ry",
+            None,
+            None,
+            "test",
+        ))
         .load()
         .await;
     let invoker = AwsLambda::new(&config, "porch-", Duration::from_secs(2));

@@ -38,6 +38,7 @@ pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
 
 impl World {
     pub(crate) fn new() -> Self {
+        trace_logs();
         let dir = tempfile::tempdir().expect("tmp");
         git(
             dir.path(),
@@ -224,4 +225,16 @@ pub(crate) async fn publish_copy<C, I>(
     relay.observe_revision(copy);
     relay.drain().await;
     publish(world, relay, &name).await;
+}
+
+/// Sends the test's log lines, at the level `PORCH_TEST_LOG` names (none
+/// when unset), to the test's output: `.ci/secrets-in-logs` runs the tests
+/// at trace level and searches that output for credential values.
+pub(crate) fn trace_logs() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("PORCH_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
 }

@@ -16,7 +16,7 @@ use porch_krm::runtime::Runtimes;
 
 use crate::support::{git, invocation, moto, served_with_auth};
 
-const AUTH: &str = "porch:s3cret-value";
+const AUTH: &str = "porch:s3cret-c4n4ry";
 
 fn secret(root: &Path, namespace: &str, name: &str, keys: &[(&str, &str)]) {
     let dir = root.join(namespace).join(name);
@@ -51,13 +51,13 @@ async fn a_secret_directory_gives_basic_and_bearer_credentials() {
         root,
         "default",
         "basic",
-        &[("username", "porch"), ("password", "pw\n")],
+        &[("username", "porch"), ("password", "pw-c4n4ry\n")],
     );
     secret(
         root,
         "default",
         "token",
-        &[("bearerToken", "tkn"), ("..data", "x")],
+        &[("bearerToken", "tkn-c4n4ry"), ("..data", "x")],
     );
     secret(root, "default", "empty", &[("other", "v")]);
     secret(root, "default", "default-ca-bundle", &[("ca.crt", "PEM")]);
@@ -73,13 +73,16 @@ async fn a_secret_directory_gives_basic_and_bearer_credentials() {
         credentials(basic),
         Some(Credentials::Basic {
             username: "porch".into(),
-            password: "pw".into()
+            password: "pw-c4n4ry".into()
         })
     );
     let token = remote_options(&secrets, &base, "default", Some("token"))
         .await
         .expect("bearer");
-    assert_eq!(credentials(token), Some(Credentials::Bearer("tkn".into())));
+    assert_eq!(
+        credentials(token),
+        Some(Credentials::Bearer("tkn-c4n4ry".into()))
+    );
     // no Secret named: the options as they were
     let none = remote_options(&secrets, &base, "default", None)
         .await
@@ -125,14 +128,18 @@ async fn aws_secrets_manager_resolves_secrets_by_namespace_and_name() {
         .region(aws_sdk_secretsmanager::config::Region::new("us-east-1"))
         .endpoint_url(format!("http://127.0.0.1:{port}"))
         .credentials_provider(aws_sdk_secretsmanager::config::Credentials::new(
-            "testing", "testing", None, None, "tests",
+            "testing",
+            "testing-c4n4ry",
+            None,
+            None,
+            "tests",
         ))
         .build();
     let client = aws_sdk_secretsmanager::Client::from_conf(config);
     for (id, value) in [
         (
             "porch/team-a/git",
-            r#"{"username": "porch", "password": "pw", "n": 1}"#,
+            r#"{"username": "porch", "password": "pw-c4n4ry", "n": 1}"#,
         ),
         ("porch/team-a/not-json", "username=porch"),
     ] {
@@ -154,10 +161,10 @@ async fn aws_secrets_manager_resolves_secrets_by_namespace_and_name() {
         found.credentials().expect("credentials"),
         Credentials::Basic {
             username: "porch".into(),
-            password: "pw".into()
+            password: "pw-c4n4ry".into()
         }
     );
-    assert!(!format!("{found:?}").contains("pw"), "{found:?}");
+    assert!(!format!("{found:?}").contains("pw-c4n4ry"), "{found:?}");
     assert_eq!(secrets.resolve("team-b", "git").await, Ok(None));
     let err = secrets
         .resolve("team-a", "not-json")

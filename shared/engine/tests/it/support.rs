@@ -72,6 +72,7 @@ pub(crate) async fn repo_with_draft(files: Files) -> anyhow::Result<Repo> {
 }
 
 pub(crate) fn invocation(operation: &str, annotations: serde_json::Value) -> Invocation {
+    trace_logs();
     serde_json::from_value(serde_json::json!({
         "operation": operation,
         "requestId": "req-1",
@@ -170,6 +171,7 @@ pub(crate) fn published_revision(
 
 /// An empty bare repository and its mirror.
 pub(crate) fn empty_repo() -> anyhow::Result<Repo> {
+    trace_logs();
     let dir = tempfile::tempdir()?;
     let remote = dir.path().join("remote.git");
     GitRepo::init_bare(&remote)?;
@@ -291,7 +293,11 @@ pub(crate) async fn moto_store(root: &Path) -> (Server, porch_git::s3::S3Store) 
     let builder = aws_sdk_s3::config::Builder::new()
         .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
         .credentials_provider(aws_sdk_s3::config::Credentials::new(
-            "testing", "testing", None, None, "tests",
+            "testing",
+            "testing-c4n4ry",
+            None,
+            None,
+            "tests",
         ));
     let client = aws_sdk_s3::Client::from_conf(porch_git::s3::S3Store::config(builder, &options));
     client
@@ -328,4 +334,16 @@ pub(crate) fn moto(root: &Path) -> (Server, u16) {
         std::thread::sleep(std::time::Duration::from_millis(25));
     }
     (server, port)
+}
+
+/// Sends the test's log lines, at the level `PORCH_TEST_LOG` names (none
+/// when unset), to the test's output: `.ci/secrets-in-logs` runs the tests
+/// at trace level and searches that output for credential values.
+pub(crate) fn trace_logs() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("PORCH_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
 }

@@ -524,7 +524,7 @@ async fn basic_auth_is_required_and_used() {
     let root = tempfile::tempdir().expect("tempdir");
     let upstream = bare_upstream(root.path(), "repo");
     git_commit_files(&upstream, "main", &[("README.md", "x\n")], "one");
-    let server = http_server(root.path(), Some("porch:s3cret"));
+    let server = http_server(root.path(), Some("porch:s3cret-c4n4ry"));
     let url = format!("http://127.0.0.1:{}/repo.git", server.port);
     let tmp = tempfile::tempdir().expect("tempdir");
     let mirror_dir = tmp.path().join("m");
@@ -559,7 +559,7 @@ async fn basic_auth_is_required_and_used() {
         RemoteOptions {
             credentials: Some(Arc::new(StaticCredentials(Credentials::Basic {
                 username: "porch".into(),
-                password: "s3cret".into(),
+                password: "s3cret-c4n4ry".into(),
             }))),
             ..RemoteOptions::default()
         },
@@ -568,10 +568,13 @@ async fn basic_auth_is_required_and_used() {
     assert_eq!(resolved.fetch(&mirror_dir).await.expect("fetch").len(), 1);
 
     // user information in the URL works too and is never shown
-    let in_url = format!("http://porch:s3cret@127.0.0.1:{}/repo.git", server.port);
+    let in_url = format!(
+        "http://porch:s3cret-c4n4ry@127.0.0.1:{}/repo.git",
+        server.port
+    );
     let remote = SmartRemote::new(&in_url, RemoteOptions::default()).expect("remote");
-    assert!(!remote.url().contains("s3cret"));
-    assert!(!format!("{remote:?}").contains("s3cret"));
+    assert!(!remote.url().contains("s3cret-c4n4ry"));
+    assert!(!format!("{remote:?}").contains("s3cret-c4n4ry"));
     assert_eq!(remote.fetch(&mirror_dir).await.expect("fetch").len(), 1);
 }
 

@@ -5,6 +5,7 @@ use std::process::Command;
 
 /// `git` with no system or global configuration and a fixed identity.
 pub(crate) fn git_command() -> Command {
+    trace_logs();
     let mut command = Command::new("git");
     command
         .env("GIT_CONFIG_NOSYSTEM", "1")
@@ -219,7 +220,11 @@ pub(crate) fn s3_client(endpoint: &str, max_attempts: u32) -> aws_sdk_s3::Client
     let builder = aws_sdk_s3::config::Builder::new()
         .behavior_version(aws_sdk_s3::config::BehaviorVersion::latest())
         .credentials_provider(aws_sdk_s3::config::Credentials::new(
-            "testing", "testing", None, None, "tests",
+            "testing",
+            "testing-c4n4ry",
+            None,
+            None,
+            "tests",
         ));
     aws_sdk_s3::Client::from_conf(porch_git::s3::S3Store::config(builder, &options))
 }
@@ -271,4 +276,16 @@ pub(crate) fn upstream_with_main(root: &Path) -> std::path::PathBuf {
         "Initial commit: Creating main branch",
     );
     upstream
+}
+
+/// Sends the test's log lines, at the level `PORCH_TEST_LOG` names (none
+/// when unset), to the test's output: `.ci/secrets-in-logs` runs the tests
+/// at trace level and searches that output for credential values.
+pub(crate) fn trace_logs() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("PORCH_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_test_writer()
+            .try_init();
+    }
 }

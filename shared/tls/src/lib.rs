@@ -1,6 +1,7 @@
-//! The HTTPS host of the router: rustls with certificates that reload from
-//! disk without a restart, a self-signed pair for local runs, and graceful
-//! shutdown.
+//! The TLS host of the project's servers (the webhooks over HTTPS, the
+//! function runner's gRPC): rustls on TLS 1.2 and 1.3 only, certificates
+//! that reload from disk without a restart, a self-signed pair for local
+//! runs, connection limits and graceful shutdown.
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -185,18 +186,17 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
-/// Writes a self-signed pair for `localhost`, `127.0.0.1` and the in-cluster
-/// service names into `dir` and returns where.
+/// Writes a self-signed pair for `localhost`, `127.0.0.1` and `names` (a
+/// service's in-cluster names) into `dir` and returns where.
 ///
 /// # Errors
 /// Key generation or writing fails.
-pub fn write_self_signed(dir: &Path) -> Result<TlsFiles, ServerError> {
-    let names = vec![
-        "localhost".to_owned(),
-        "127.0.0.1".to_owned(),
-        "porch-webhooks".to_owned(),
-        "porch-webhooks.porch-system.svc".to_owned(),
-    ];
+pub fn write_self_signed(dir: &Path, names: &[&str]) -> Result<TlsFiles, ServerError> {
+    let names: Vec<String> = ["localhost", "127.0.0.1"]
+        .iter()
+        .chain(names)
+        .map(|n| (*n).to_owned())
+        .collect();
     let generated = rcgen::generate_simple_self_signed(names).map_err(ServerError::SelfSigned)?;
     std::fs::create_dir_all(dir).map_err(|source| ServerError::Write {
         path: dir.to_owned(),
@@ -269,7 +269,8 @@ impl Default for ConnectionLimits {
 }
 
 /// Serves `router` over TLS on `listener` until `shutdown` completes, then
-/// waits for in-flight connections to finish.
+/// waits for in-flight connections to finish. HTTP/1.1 and HTTP/2 (gRPC
+/// services are served as axum routers too).
 pub async fn serve_tls(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
