@@ -10,6 +10,8 @@ use porch_lambda::{INVALID, RETRYABLE, invoke};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
+mod fault_proxy;
+mod faults;
 mod relay_http;
 mod runtime_api;
 use runtime_api::RuntimeApi;

@@ -19,7 +19,7 @@ use crate::runtime_api::{RuntimeApi, invoke_api};
 use crate::{Child, event, git, pointed};
 
 const NAME: &str = "blueprints.app.v1";
-const OPERATIONS: [&str; 8] = [
+pub(crate) const OPERATIONS: [&str; 8] = [
     "adopt",
     "source",
     "render",

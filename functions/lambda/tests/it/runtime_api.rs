@@ -20,6 +20,8 @@ struct Inner {
     sender: mpsc::UnboundedSender<(String, Value)>,
     events: Mutex<mpsc::UnboundedReceiver<(String, Value)>>,
     waiting: std::sync::Mutex<HashMap<String, oneshot::Sender<Answer>>>,
+    /// Events handed to the function and not yet answered.
+    handed: std::sync::Mutex<std::collections::HashSet<String>>,
     counter: AtomicU64,
 }
 
@@ -35,6 +37,7 @@ impl RuntimeApi {
             sender,
             events: Mutex::new(receiver),
             waiting: std::sync::Mutex::new(HashMap::new()),
+            handed: std::sync::Mutex::new(std::collections::HashSet::new()),
             counter: AtomicU64::new(0),
         }));
         let app = axum::Router::new()
@@ -57,6 +60,29 @@ impl RuntimeApi {
         self.0.waiting.lock().expect("lock").insert(id.clone(), tx);
         self.0.sender.send((id, event)).expect("queue");
         rx.await.expect("an answer")
+    }
+
+    /// Events the function took and has not answered.
+    #[allow(dead_code, reason = "only the fault tests kill functions")]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.0.handed.lock().expect("lock").len()
+    }
+
+    /// What Lambda does when a function's process dies mid-invocation: the
+    /// caller gets a `Runtime.ExitError` function error.
+    #[allow(dead_code, reason = "only the fault tests kill functions")]
+    pub(crate) fn fail_in_flight(&self) {
+        let handed: Vec<String> = self.0.handed.lock().expect("lock").drain().collect();
+        let mut waiting = self.0.waiting.lock().expect("lock");
+        for id in handed {
+            if let Some(tx) = waiting.remove(&id) {
+                let _ = tx.send((
+                    "error".to_owned(),
+                    serde_json::json!({"errorType": "Runtime.ExitError",
+                        "errorMessage": "RequestId: the process exited (signal: killed)"}),
+                ));
+            }
+        }
     }
 
     /// The environment a function process needs to reach this API.
@@ -82,6 +108,7 @@ async fn next(State(api): State<RuntimeApi>) -> (HeaderMap, axum::Json<Value>) {
         .recv()
         .await
         .expect("the API lives as long as its callers");
+    api.0.handed.lock().expect("lock").insert(id.clone());
     let deadline = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() + 300_000)
@@ -107,6 +134,7 @@ async fn answer(
     body: axum::body::Bytes,
 ) -> StatusCode {
     let value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    api.0.handed.lock().expect("lock").remove(&id);
     if let Some(tx) = api.0.waiting.lock().expect("lock").remove(&id) {
         let _ = tx.send((kind, value));
     }
