@@ -225,6 +225,20 @@ struct Log {
     /// per operation kind (operations that wrote).
     latencies: BTreeMap<&'static str, Vec<Duration>>,
     ended: BTreeMap<(&'static str, Ended), u64>,
+    /// Why operations were refused or failed: `<kind>: <message>`, digits
+    /// left out so alike messages count together.
+    reasons: BTreeMap<String, u64>,
+}
+
+impl Log {
+    fn reason(&mut self, kind: &str, message: &str) {
+        let message: String = message
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .take(160)
+            .collect();
+        *self.reasons.entry(format!("{kind}: {message}")).or_default() += 1;
+    }
 }
 
 type TortureRelay = Relay<Mutex<Objects>, InProcess<S3Store>>;
@@ -631,7 +645,16 @@ impl Torture {
         match settled {
             Err(()) => (Ended::Unsettled, None),
             Ok(None) => (Ended::Done, None),
-            Ok(Some(pr)) if ready_failed(&pr) => (Ended::Refused, Some(pr)),
+            Ok(Some(pr)) if ready_failed(&pr) => {
+                let message = pr
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                self.log.lock().expect("lock").reason(kind, &message);
+                (Ended::Refused, Some(pr))
+            }
             Ok(Some(pr)) => (Ended::Done, Some(pr)),
         }
     }
@@ -742,8 +765,14 @@ impl Torture {
         let start = Instant::now();
         let mut files = match runner.read_revision(&repository, &pr).await {
             Ok(files) => files,
-            Err(e) if e.is_retryable() => return Ended::Failed,
-            Err(_) => return Ended::Refused,
+            Err(e) => {
+                self.log.lock().expect("lock").reason("pull", &e.to_string());
+                return if e.is_retryable() {
+                    Ended::Failed
+                } else {
+                    Ended::Refused
+                };
+            }
         };
         let marker = format!("m-{writer}-{seq}");
         files.insert(
@@ -757,10 +786,13 @@ impl Torture {
             .write_draft(&repository, &pr, files, &format!("writer-{writer}"))
             .await;
         let end = Instant::now();
-        match written {
-            Ok(_) => {}
-            Err(e) if e.is_retryable() => return Ended::Failed,
-            Err(_) => return Ended::Refused,
+        if let Err(e) = written {
+            self.log.lock().expect("lock").reason("push", &e.to_string());
+            return if e.is_retryable() {
+                Ended::Failed
+            } else {
+                Ended::Refused
+            };
         }
         self.log.lock().expect("lock").pushes.push(Push {
             name: name.to_owned(),
@@ -792,8 +824,25 @@ impl Torture {
         )
         .with_store(self.store.clone());
         let mut seq = 0u64;
-        let mut idle = 0;
         loop {
+            // nothing to do for a while (every package waiting on another
+            // writer's work): this writer stops
+            let mut choice = None;
+            for _ in 0..3000 {
+                if self.ops_left.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                let package = self.packages[rng.below(self.packages.len())].clone();
+                let choices = self.choices(&package, &self.all());
+                if !choices.is_empty() {
+                    choice = Some(choices[rng.below(choices.len())].clone());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let Some(choice) = choice else {
+                return;
+            };
             if self
                 .ops_left
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -801,22 +850,6 @@ impl Torture {
             {
                 return;
             }
-            let choice = loop {
-                let package = self.packages[rng.below(self.packages.len())].clone();
-                let choices = self.choices(&package, &self.all());
-                if !choices.is_empty() {
-                    idle = 0;
-                    break Some(choices[rng.below(choices.len())].clone());
-                }
-                idle += 1;
-                if idle > 200 {
-                    break None;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            };
-            let Some(choice) = choice else {
-                continue;
-            };
             seq += 1;
             let ended = self.perform(index, seq, &runner, &choice).await;
             *self
@@ -1179,6 +1212,9 @@ async fn torture(size: Size) {
         log.pushes.len(),
         violations.len()
     );
+    for (reason, n) in &log.reasons {
+        eprintln!("{n:>5} × {reason}");
+    }
     for violation in &violations {
         eprintln!("violation: {violation}");
     }
