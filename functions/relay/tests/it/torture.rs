@@ -209,8 +209,8 @@ struct Push {
     end: Instant,
 }
 
-/// An approval that the relay published.
-#[derive(Debug, Clone)]
+/// A publication the lifecycle handler reported (its `Published` event).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Approval {
     package: String,
     name: String,
@@ -220,7 +220,8 @@ struct Approval {
 #[derive(Debug, Default)]
 struct Log {
     pushes: Vec<Push>,
-    approvals: Vec<Approval>,
+    /// The revisions a client's approval settled.
+    approved: Vec<String>,
     /// Time from the client's write until the relay settled the object,
     /// per operation kind (operations that wrote).
     latencies: BTreeMap<&'static str, Vec<Duration>>,
@@ -446,6 +447,25 @@ impl Torture {
         // a published revision some downstream revision locks onto is not
         // deleted: its deletion would wait for the downstream
         let locked: BTreeSet<String> = all.iter().filter_map(upstream_commit).collect();
+        let referenced: BTreeSet<String> = all
+            .iter()
+            .filter_map(|p| p.spec.source.as_ref())
+            .flat_map(|s| {
+                let clone = s
+                    .clone_from
+                    .as_ref()
+                    .and_then(|c| c.upstream_ref.as_ref())
+                    .map(|r| r.name.clone());
+                let upgrade = s
+                    .upgrade
+                    .as_ref()
+                    .map(|u| [u.old_upstream.name.clone(), u.new_upstream.name.clone()]);
+                clone.into_iter().chain(upgrade.into_iter().flatten())
+            })
+            .collect();
+        let free = |pr: &PackageRevision| {
+            self_commit(pr).is_none_or(|c| !locked.contains(&c)) && !referenced.contains(&name_of(pr))
+        };
         let mut choices = Vec::new();
         if mine.is_empty() {
             match &package.upstream {
@@ -536,15 +556,14 @@ impl Torture {
                     choices.push(lifecycle("approve", Lifecycle::Published));
                 }
                 Lifecycle::Published if revision_of(pr) > 0 => {
-                    let free = self_commit(pr).is_none_or(|c| !locked.contains(&c));
-                    if free && settled_published.len() > 1 {
+                    if free(pr) && settled_published.len() > 1 {
                         choices.push(lifecycle("propose-delete", Lifecycle::DeletionProposed));
                     }
                 }
                 Lifecycle::Published => {}
                 Lifecycle::DeletionProposed => {
                     choices.push(lifecycle("restore", Lifecycle::Published));
-                    if self_commit(pr).is_none_or(|c| !locked.contains(&c)) {
+                    if free(pr) {
                         choices.push(Choice::Delete { name, seen });
                     }
                 }
@@ -554,8 +573,14 @@ impl Torture {
     }
 
     /// Waits until the planner has nothing due for `name` (or it is gone,
-    /// or the relay refused an Invocation for it); the object then, if any.
-    async fn settle(&self, name: &str, events_before: usize) -> Result<Option<PackageRevision>, ()> {
+    /// the object then, if any. A warning that the relay refused the
+    /// Invocation or a handler blocked it ends the wait with its text;
+    /// `Err(None)` is a timeout.
+    async fn settle(
+        &self,
+        name: &str,
+        events_before: usize,
+    ) -> Result<Option<PackageRevision>, Option<String>> {
         let deadline = Instant::now() + SETTLE_TIMEOUT;
         loop {
             {
@@ -568,17 +593,17 @@ impl Torture {
                 if porch_api::planner::plan(&pr, repository).is_empty() {
                     return Ok(Some(pr));
                 }
-                let refused = objects.events.iter().skip(events_before).any(|e| {
+                let refused = objects.events.iter().skip(events_before).find(|e| {
                     e.type_ == EventType::Warning
-                        && e.reason == "InvocationRefused"
+                        && matches!(e.reason.as_str(), "InvocationRefused" | "DeletionBlocked")
                         && e.regarding.name == name
                 });
-                if refused {
-                    return Ok(Some(pr));
+                if let Some(event) = refused {
+                    return Err(Some(format!("{}: {}", event.reason, event.message)));
                 }
             }
             if Instant::now() > deadline {
-                return Err(());
+                return Err(None);
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -643,7 +668,11 @@ impl Torture {
             .or_default()
             .push(elapsed);
         match settled {
-            Err(()) => (Ended::Unsettled, None),
+            Err(None) => (Ended::Unsettled, None),
+            Err(Some(warning)) => {
+                self.log.lock().expect("lock").reason(kind, &warning);
+                (Ended::Refused, None)
+            }
             Ok(None) => (Ended::Done, None),
             Ok(Some(pr)) if ready_failed(&pr) => {
                 let message = pr
@@ -719,17 +748,9 @@ impl Torture {
                 }) {
                     return Ended::Conflict;
                 }
-                let (ended, pr) = self.written(kind, name, events_before, start).await;
-                if *to == Lifecycle::Published
-                    && ended == Ended::Done
-                    && let Some(pr) = pr
-                    && revision_of(&pr) > 0
-                {
-                    self.log.lock().expect("lock").approvals.push(Approval {
-                        package: pr.spec.package_name.clone(),
-                        name: name.clone(),
-                        revision: revision_of(&pr),
-                    });
+                let (ended, _) = self.written(kind, name, events_before, start).await;
+                if choice.kind() == "approve" && ended == Ended::Done {
+                    self.log.lock().expect("lock").approved.push(name.clone());
                 }
                 ended
             }
@@ -926,10 +947,54 @@ async fn check(torture: &Torture, git_root: &Path) -> Vec<String> {
     let mut violations = Vec::new();
     let log = torture.log.lock().expect("lock");
     let objects = torture.all();
+    // the publications, from the lifecycle handler's events (a redelivered
+    // Outcome may repeat one)
+    let approvals: Vec<Approval> = {
+        let cluster = torture.cluster.lock().expect("lock");
+        let mut found = BTreeSet::new();
+        for event in cluster.events.iter().filter(|e| e.reason == "Published") {
+            let revision = event
+                .message
+                .rsplit(' ')
+                .next()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(0);
+            let package = event
+                .regarding
+                .name
+                .split('.')
+                .nth(1)
+                .unwrap_or("")
+                .to_owned();
+            found.insert(Approval {
+                package,
+                name: event.regarding.name.clone(),
+                revision,
+            });
+        }
+        found.into_iter().collect()
+    };
+    let mut published_as: BTreeMap<&str, BTreeSet<i64>> = BTreeMap::new();
+    for approval in &approvals {
+        published_as
+            .entry(approval.name.as_str())
+            .or_default()
+            .insert(approval.revision);
+    }
+    for (name, revisions) in &published_as {
+        if revisions.len() != 1 {
+            violations.push(format!("{name}: published as revisions {revisions:?}"));
+        }
+    }
+    for name in &log.approved {
+        if !published_as.contains_key(name.as_str()) {
+            violations.push(format!("{name}: approved, settled, and never published"));
+        }
+    }
     // every approval: one revision number, consecutive per package, one
     // approval commit each, and its tag while its object lives
     let mut by_package: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
-    for approval in &log.approvals {
+    for approval in &approvals {
         by_package
             .entry(approval.package.as_str())
             .or_default()
@@ -1008,7 +1073,7 @@ async fn check(torture: &Torture, git_root: &Path) -> Vec<String> {
     for push in &log.pushes {
         pushes.entry(push.name.as_str()).or_default().push(push);
     }
-    for approval in &log.approvals {
+    for approval in &approvals {
         let Some(pushed) = pushes.get(approval.name.as_str()) else {
             continue;
         };
@@ -1151,11 +1216,40 @@ async fn torture(size: Size) {
     let elapsed = started.elapsed();
     // the relay runs until nothing is due, a sync of each repository
     // included
-    let mut violations: Vec<String> = torture
-        .quiesce(Duration::from_secs(120))
-        .await
+    let blocked = |name: &str| {
+        torture
+            .cluster
+            .lock()
+            .expect("lock")
+            .events
+            .iter()
+            .any(|e| e.reason == "DeletionBlocked" && e.regarding.name == name)
+    };
+    let busy = torture.quiesce(Duration::from_secs(120)).await;
+    let (blocked, busy): (Vec<String>, Vec<String>) =
+        busy.into_iter().partition(|n| blocked(n));
+    let mut violations: Vec<String> = busy
         .into_iter()
-        .map(|n| format!("{n}: still has work due after the writers stopped"))
+        .map(|n| {
+            let pr = torture.object(&n);
+            let state = pr.as_ref().map(|pr| {
+                let due = porch_api::planner::plan(pr, torture.repository(&pr.spec.repository));
+                let conditions = pr.status.as_ref().map(|s| {
+                    s.conditions
+                        .iter()
+                        .map(|c| format!("{}={}/{} {:?}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>()
+                });
+                format!(
+                    "{:?} due {due:?}, deleting {}, generation {:?}, observed {:?}, {conditions:?}",
+                    lifecycle_of(pr),
+                    pr.metadata.deletion_timestamp.is_some(),
+                    pr.metadata.generation,
+                    pr.status.as_ref().and_then(|s| s.observed_generation),
+                )
+            });
+            format!("{n}: still has work due after the writers stopped: {state:?}")
+        })
         .collect();
     for repository in REPOSITORIES {
         torture.relay.request_sync(NAMESPACE, repository);
@@ -1201,15 +1295,16 @@ async fn torture(size: Size) {
     eprintln!(
         "\nops {total} in {:.1} s: {:.1} ops/s; client conflicts retried {}, refused {}, failed {}, unsettled {}; \
          approvals {}, pushes {}; relay: {invocations} invocations, {relay_conflicts} conflicts re-planned, \
-         {relay_retried} retried; invariant violations {}",
+         {relay_retried} retried; deletions left blocked by a downstream {}; invariant violations {}",
         elapsed.as_secs_f64(),
         total as f64 / elapsed.as_secs_f64(),
         count(Ended::Conflict),
         count(Ended::Refused),
         count(Ended::Failed),
         count(Ended::Unsettled),
-        log.approvals.len(),
+        log.approved.len(),
         log.pushes.len(),
+        blocked.len(),
         violations.len()
     );
     for (reason, n) in &log.reasons {
@@ -1225,7 +1320,7 @@ async fn torture(size: Size) {
         violations.len()
     );
     assert!(
-        log.approvals.len() > 0 && log.pushes.len() > 0,
+        !log.approved.is_empty() && !log.pushes.is_empty(),
         "seed {}: the run approved and pushed something",
         size.seed
     );
