@@ -9,7 +9,6 @@
 //! moved, a revision already published for this uid and generation).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use porch_api::{APPROVED_BY_ANNOTATION, PROPOSED_BY_ANNOTATION};
 use porch_api::common::Lifecycle;
 use porch_api::invocation::{
     EventRecord, EventType, Invocation, ObjectPatch, ObjectRef, Operation, Outcome,
@@ -17,6 +16,7 @@ use porch_api::invocation::{
 use porch_api::lifecycle::effective;
 use porch_api::planner::{self, READY_CONDITION};
 use porch_api::v1alpha2::PackageRevision;
+use porch_api::{APPROVED_BY_ANNOTATION, PROPOSED_BY_ANNOTATION};
 use porch_git::identity::{Identity, orchestrator};
 use porch_git::mirror::MirrorError;
 use porch_git::operations::{Actor, OperationError, Packages};

@@ -238,7 +238,10 @@ impl Log {
             .filter(|c| !c.is_ascii_digit())
             .take(160)
             .collect();
-        *self.reasons.entry(format!("{kind}: {message}")).or_default() += 1;
+        *self
+            .reasons
+            .entry(format!("{kind}: {message}"))
+            .or_default() += 1;
     }
 }
 
@@ -263,8 +266,8 @@ async fn s3(root: &Path) -> (crate::support::Child, S3Store) {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/git/tests/servers/moto_serial.py");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/git/tests/servers/moto_serial.py");
     let child = std::process::Command::new("python3")
         .arg(script)
         .arg("127.0.0.1")
@@ -430,9 +433,8 @@ impl Torture {
             .copied()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
-        let published = |p: &&PackageRevision| {
-            lifecycle_of(p) == Lifecycle::Published && revision_of(p) > 0
-        };
+        let published =
+            |p: &&PackageRevision| lifecycle_of(p) == Lifecycle::Published && revision_of(p) > 0;
         let published_upstreams = |upstream: &str| -> Vec<PackageRevision> {
             all.iter()
                 .filter(|p| {
@@ -464,7 +466,8 @@ impl Torture {
             })
             .collect();
         let free = |pr: &PackageRevision| {
-            self_commit(pr).is_none_or(|c| !locked.contains(&c)) && !referenced.contains(&name_of(pr))
+            self_commit(pr).is_none_or(|c| !locked.contains(&c))
+                && !referenced.contains(&name_of(pr))
         };
         let mut choices = Vec::new();
         if mine.is_empty() {
@@ -506,9 +509,9 @@ impl Torture {
                 settled_published.iter().max_by_key(|p| revision_of(p)),
             ) {
                 let upstreams = published_upstreams(upstream);
-                let old = upstreams
-                    .iter()
-                    .find(|u| self_commit(u).is_some() && self_commit(u) == upstream_commit(current));
+                let old = upstreams.iter().find(|u| {
+                    self_commit(u).is_some() && self_commit(u) == upstream_commit(current)
+                });
                 let new = upstreams.iter().max_by_key(|p| revision_of(p));
                 if let (Some(old), Some(new)) = (old, new)
                     && revision_of(new) > revision_of(old)
@@ -656,7 +659,13 @@ impl Torture {
     }
 
     /// Writes, tells the relay, waits for it: the end and the latency.
-    async fn written(&self, kind: &'static str, name: &str, events_before: usize, start: Instant) -> (Ended, Option<PackageRevision>) {
+    async fn written(
+        &self,
+        kind: &'static str,
+        name: &str,
+        events_before: usize,
+        start: Instant,
+    ) -> (Ended, Option<PackageRevision>) {
         self.observe(name);
         let settled = self.settle(name, events_before).await;
         let elapsed = start.elapsed();
@@ -688,7 +697,13 @@ impl Torture {
         }
     }
 
-    async fn perform(&self, writer: usize, seq: u64, runner: &Runner<S3Store>, choice: &Choice) -> Ended {
+    async fn perform(
+        &self,
+        writer: usize,
+        seq: u64,
+        runner: &Runner<S3Store>,
+        choice: &Choice,
+    ) -> Ended {
         let events_before = self.events();
         let start = Instant::now();
         let kind = choice.kind();
@@ -787,7 +802,10 @@ impl Torture {
         let mut files = match runner.read_revision(&repository, &pr).await {
             Ok(files) => files,
             Err(e) => {
-                self.log.lock().expect("lock").reason("pull", &e.to_string());
+                self.log
+                    .lock()
+                    .expect("lock")
+                    .reason("pull", &e.to_string());
                 return if e.is_retryable() {
                     Ended::Failed
                 } else {
@@ -808,7 +826,10 @@ impl Torture {
             .await;
         let end = Instant::now();
         if let Err(e) = written {
-            self.log.lock().expect("lock").reason("push", &e.to_string());
+            self.log
+                .lock()
+                .expect("lock")
+                .reason("push", &e.to_string());
             return if e.is_retryable() {
                 Ended::Failed
             } else {
@@ -920,7 +941,10 @@ fn approval_commits(bare: &Path) -> BTreeMap<(String, i64), usize> {
     }
     let log = git(bare, &["log", "--format=%B%x00", "main"]);
     for message in log.split('\0') {
-        if !message.trim_start().starts_with("Approving package revision") {
+        if !message
+            .trim_start()
+            .starts_with("Approving package revision")
+        {
             continue;
         }
         for line in message.lines() {
@@ -1130,7 +1154,9 @@ async fn check(torture: &Torture, git_root: &Path) -> Vec<String> {
                     && p.spec.workspace_name == workspace
             });
             if !owned {
-                violations.push(format!("{repository}: branch {branch} has no PackageRevision"));
+                violations.push(format!(
+                    "{repository}: branch {branch} has no PackageRevision"
+                ));
             }
         }
     }
@@ -1195,7 +1221,14 @@ async fn torture(size: Size) {
     for repository in REPOSITORIES {
         git(
             &git_root,
-            &["init", "--bare", "-q", "-b", "main", &format!("{repository}.git")],
+            &[
+                "init",
+                "--bare",
+                "-q",
+                "-b",
+                "main",
+                &format!("{repository}.git"),
+            ],
         );
     }
     let server = GitServer::start(&git_root);
@@ -1226,8 +1259,7 @@ async fn torture(size: Size) {
             .any(|e| e.reason == "DeletionBlocked" && e.regarding.name == name)
     };
     let busy = torture.quiesce(Duration::from_secs(120)).await;
-    let (blocked, busy): (Vec<String>, Vec<String>) =
-        busy.into_iter().partition(|n| blocked(n));
+    let (blocked, busy): (Vec<String>, Vec<String>) = busy.into_iter().partition(|n| blocked(n));
     let mut violations: Vec<String> = busy
         .into_iter()
         .map(|n| {
