@@ -969,7 +969,10 @@ fn approval_commits(bare: &Path) -> BTreeMap<(String, i64), usize> {
 /// violations found.
 async fn check(torture: &Torture, git_root: &Path) -> Vec<String> {
     let mut violations = Vec::new();
-    let log = torture.log.lock().expect("lock");
+    let (pushed, approved) = {
+        let log = torture.log.lock().expect("lock");
+        (log.pushes.clone(), log.approved.clone())
+    };
     let objects = torture.all();
     // the publications, from the lifecycle handler's events (a redelivered
     // Outcome may repeat one)
@@ -1010,7 +1013,7 @@ async fn check(torture: &Torture, git_root: &Path) -> Vec<String> {
             violations.push(format!("{name}: published as revisions {revisions:?}"));
         }
     }
-    for name in &log.approved {
+    for name in &approved {
         if !published_as.contains_key(name.as_str()) {
             violations.push(format!("{name}: approved, settled, and never published"));
         }
@@ -1094,7 +1097,7 @@ async fn check(torture: &Torture, git_root: &Path) -> Vec<String> {
     }
     // the content pushed to an approved draft is in its published revision
     let mut pushes: BTreeMap<&str, Vec<&Push>> = BTreeMap::new();
-    for push in &log.pushes {
+    for push in &pushed {
         pushes.entry(push.name.as_str()).or_default().push(push);
     }
     for approval in &approvals {
