@@ -156,3 +156,44 @@ pub(crate) async fn replace_draft<R: Remote + 'static>(
         .await?;
     Ok(!applied.updates.is_empty())
 }
+
+/// Commits `files`, computed from the draft's commit `from`, as the
+/// draft's package while the draft is still at `from`; `None` when it
+/// moved meanwhile (a push landed: the files no longer follow from the
+/// draft, and writing them would undo it).
+pub(crate) async fn replace_draft_from<R: Remote + 'static>(
+    mirror: &Mirror<R>,
+    layout: RepoLayout,
+    package: String,
+    workspace: String,
+    files: Files,
+    task: TaskType,
+    actor: Actor,
+    from: String,
+) -> Result<Option<bool>, HandlerError> {
+    let applied = mirror
+        .apply_optimistic(move |repo| {
+            let from = porch_git::repo::parse_object_id(&from).ok_or_else(|| {
+                porch_git::operations::OperationError::Refused(format!(
+                    "{from:?} is not a commit id"
+                ))
+            })?;
+            Packages {
+                repo,
+                layout: layout.clone(),
+            }
+            .replace_draft_content_from(
+                &package,
+                &workspace,
+                &files,
+                Task {
+                    type_: task.clone(),
+                    ..Task::default()
+                },
+                &actor,
+                from,
+            )
+        })
+        .await?;
+    Ok(applied.value.map(|_| !applied.updates.is_empty()))
+}
