@@ -157,17 +157,16 @@ pub(crate) async fn replace_draft<R: Remote + 'static>(
     Ok(!applied.updates.is_empty())
 }
 
-/// Commits `files`, computed from the draft's commit `from`, as the
-/// draft's package while the draft is still at `from`; `None` when it
-/// moved meanwhile (a push landed: the files no longer follow from the
-/// draft, and writing them would undo it).
-pub(crate) async fn replace_draft_from<R: Remote + 'static>(
+/// Commits `files`, rendered from the draft's commit `from`, as the
+/// draft's package (a render task) while the draft is still at `from`;
+/// `None` when it moved meanwhile (a push landed: the files no longer
+/// follow from the draft, and writing them would undo it).
+pub(crate) async fn replace_rendered<R: Remote + 'static>(
     mirror: &Mirror<R>,
     layout: RepoLayout,
     package: String,
     workspace: String,
     files: Files,
-    task: TaskType,
     actor: Actor,
     from: String,
 ) -> Result<Option<bool>, HandlerError> {
@@ -187,7 +186,7 @@ pub(crate) async fn replace_draft_from<R: Remote + 'static>(
                 &workspace,
                 &files,
                 Task {
-                    type_: task.clone(),
+                    type_: TaskType::Render,
                     ..Task::default()
                 },
                 &actor,

@@ -13,7 +13,6 @@ use porch_api::common::PackageCondition;
 use porch_api::invocation::{Invocation, Operation, Outcome};
 use porch_api::kptfile::Kptfile;
 use porch_api::planner::{self, READY_CONDITION, RENDERED_CONDITION};
-use porch_api::v1alpha1::TaskType;
 use porch_api::{PUSH_ON_RENDER_FAILURE_ANNOTATION, RENDER_REQUEST_ANNOTATION};
 use porch_git::mirror::Mirror;
 use porch_git::operations::Actor;
@@ -100,13 +99,12 @@ pub async fn render<R: Remote + 'static>(
             author: porch_git::identity::orchestrator(),
             time: context.now.0.as_second(),
         };
-        let written = crate::content::replace_draft_from(
+        let written = crate::content::replace_rendered(
             mirror,
             layout.clone(),
             package.clone(),
             workspace.clone(),
             rendered.files.clone(),
-            TaskType::Render,
             actor,
             head,
         )
