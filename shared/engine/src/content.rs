@@ -157,3 +157,43 @@ pub(crate) async fn replace_draft<R: Remote + 'static>(
         .await?;
     Ok(!applied.updates.is_empty())
 }
+
+/// Commits `files`, rendered from the draft's commit `from`, as the
+/// draft's package (a render task) while the draft is still at `from`;
+/// `None` when it moved meanwhile (a push landed: the files no longer
+/// follow from the draft, and writing them would undo it).
+pub(crate) async fn replace_rendered<R: Remote + 'static>(
+    mirror: &Mirror<R>,
+    layout: RepoLayout,
+    package: String,
+    workspace: String,
+    files: Files,
+    actor: Actor,
+    from: String,
+) -> Result<Option<bool>, HandlerError> {
+    let applied = mirror
+        .apply_optimistic(move |repo| {
+            let from = porch_git::repo::parse_object_id(&from).ok_or_else(|| {
+                porch_git::operations::OperationError::Refused(format!(
+                    "{from:?} is not a commit id"
+                ))
+            })?;
+            Packages {
+                repo,
+                layout: layout.clone(),
+            }
+            .replace_draft_content_from(
+                &package,
+                &workspace,
+                &files,
+                Task {
+                    type_: TaskType::Render,
+                    ..Task::default()
+                },
+                &actor,
+                from,
+            )
+        })
+        .await?;
+    Ok(applied.value.map(|_| !applied.updates.is_empty()))
+}

@@ -9,7 +9,6 @@
 //! moved, a revision already published for this uid and generation).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use porch_api::APPROVED_BY_ANNOTATION;
 use porch_api::common::Lifecycle;
 use porch_api::invocation::{
     EventRecord, EventType, Invocation, ObjectPatch, ObjectRef, Operation, Outcome,
@@ -17,6 +16,7 @@ use porch_api::invocation::{
 use porch_api::lifecycle::effective;
 use porch_api::planner::{self, READY_CONDITION};
 use porch_api::v1alpha2::PackageRevision;
+use porch_api::{APPROVED_BY_ANNOTATION, PROPOSED_BY_ANNOTATION};
 use porch_git::identity::{Identity, orchestrator};
 use porch_git::mirror::MirrorError;
 use porch_git::operations::{Actor, OperationError, Packages};
@@ -70,6 +70,14 @@ pub async fn lifecycle<R: Remote + 'static>(
         .as_ref()
         .and_then(|a| a.get(APPROVED_BY_ANNOTATION))
         .cloned();
+    // The webhook admits Published only from Proposed and stamps the
+    // proposer: an approval that arrives before the proposal reached git
+    // was reviewed, and is carried out as the proposal and the approval.
+    let proposal_admitted = pr
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(PROPOSED_BY_ANNOTATION));
     let actor = Actor {
         uid: pr.metadata.uid.clone().unwrap_or_default(),
         generation: pr.metadata.generation.unwrap_or(0),
@@ -119,12 +127,17 @@ pub async fn lifecycle<R: Remote + 'static>(
                 Lifecycle::Published | Lifecycle::DeletionProposed => {
                     let revision = match known_revision {
                         Some(r) => r,
-                        None if draft => {
+                        None if draft && !proposal_admitted => {
                             return Err(OperationError::Refused(format!(
                                 "{package}/{workspace} is a draft: propose it before publishing"
                             )));
                         }
-                        None => packages.publish(&package, &workspace, &actor)?,
+                        None => {
+                            if draft {
+                                packages.propose(&package, &workspace)?;
+                            }
+                            packages.publish(&package, &workspace, &actor)?
+                        }
                     };
                     packages.set_deletion_proposed(
                         &package,

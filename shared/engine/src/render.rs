@@ -13,7 +13,6 @@ use porch_api::common::PackageCondition;
 use porch_api::invocation::{Invocation, Operation, Outcome};
 use porch_api::kptfile::Kptfile;
 use porch_api::planner::{self, READY_CONDITION, RENDERED_CONDITION};
-use porch_api::v1alpha1::TaskType;
 use porch_api::{PUSH_ON_RENDER_FAILURE_ANNOTATION, RENDER_REQUEST_ANNOTATION};
 use porch_git::mirror::Mirror;
 use porch_git::operations::Actor;
@@ -35,6 +34,10 @@ pub struct RenderContext {
     pub now: Time,
 }
 
+/// Renders of a draft that moves while it renders, before the handler
+/// gives up (retryable: the relay delivers it again).
+const MAX_RENDER_ROUNDS: u32 = 5;
+
 /// Renders the draft of the Invocation's PackageRevision.
 ///
 /// # Errors
@@ -54,50 +57,67 @@ pub async fn render<R: Remote + 'static>(
         .draft_ref(&package, &workspace)
         .map_err(|e| HandlerError::Invalid(e.to_string()))?;
 
-    // Read the draft as the remote has it now.
-    mirror.fetch().await?;
-    let path = mirror.path().to_owned();
-    let full_path = layout.full_path(&package);
-    let files = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
-        let repo = GitRepo::open(&path)?;
-        let head = repo.ref_id(&draft)?.ok_or_else(|| {
-            HandlerError::Invalid(format!("the draft {draft} does not exist in git"))
-        })?;
-        Ok(repo.read_files(head, &full_path)?)
-    })
-    .await
-    .map_err(|e| HandlerError::Internal(e.to_string()))??;
-
-    let functions = Arc::clone(&context.functions);
-    let options = context.options.clone();
-    let input = files.clone();
-    let rendered =
-        tokio::task::spawn_blocking(move || render_package(&input, functions.as_ref(), &options))
-            .await
-            .map_err(|e| HandlerError::Internal(e.to_string()))?;
-
+    // Render the draft as the remote has it now, and write the result only
+    // onto the commit it was rendered from: a push that lands meanwhile is
+    // rendered on the next round, never overwritten by an older render.
     let annotations = pr.metadata.annotations.clone().unwrap_or_default();
     let push_anyway = annotations
         .get(PUSH_ON_RENDER_FAILURE_ANNOTATION)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    if rendered.rendered && rendered.files != files && (rendered.is_success() || push_anyway) {
+    let full_path = layout.full_path(&package);
+    let mut rounds = 0;
+    let (rendered, files) = loop {
+        rounds += 1;
+        mirror.fetch().await?;
+        let path = mirror.path().to_owned();
+        let (draft, full_path) = (draft.clone(), full_path.clone());
+        let (head, files) = tokio::task::spawn_blocking(move || -> Result<_, HandlerError> {
+            let repo = GitRepo::open(&path)?;
+            let head = repo.ref_id(&draft)?.ok_or_else(|| {
+                HandlerError::Invalid(format!("the draft {draft} does not exist in git"))
+            })?;
+            Ok((head.to_string(), repo.read_files(head, &full_path)?))
+        })
+        .await
+        .map_err(|e| HandlerError::Internal(e.to_string()))??;
+
+        let functions = Arc::clone(&context.functions);
+        let options = context.options.clone();
+        let input = files.clone();
+        let rendered = tokio::task::spawn_blocking(move || {
+            render_package(&input, functions.as_ref(), &options)
+        })
+        .await
+        .map_err(|e| HandlerError::Internal(e.to_string()))?;
+        if !(rendered.rendered && rendered.files != files && (rendered.is_success() || push_anyway))
+        {
+            break (rendered, files);
+        }
         let actor = Actor {
             uid: pr.metadata.uid.clone().unwrap_or_default(),
             generation: pr.metadata.generation.unwrap_or(0),
             author: porch_git::identity::orchestrator(),
             time: context.now.0.as_second(),
         };
-        crate::content::replace_draft(
+        let written = crate::content::replace_rendered(
             mirror,
             layout.clone(),
             package.clone(),
             workspace.clone(),
             rendered.files.clone(),
-            TaskType::Render,
             actor,
+            head,
         )
         .await?;
-    }
+        if written.is_some() {
+            break (rendered, files);
+        }
+        if rounds >= MAX_RENDER_ROUNDS {
+            return Err(HandlerError::Internal(format!(
+                "the draft {package}/{workspace} moved during each of {rounds} renders"
+            )));
+        }
+    };
 
     // The status: Rendered, Ready, what was observed, the Kptfile conditions.
     let mut status = pr.status.clone().unwrap_or_default();

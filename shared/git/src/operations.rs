@@ -181,6 +181,32 @@ impl Packages<'_> {
         })
     }
 
+    /// Commits `files` on the draft only while its head is still
+    /// `expected` (what they were computed from, as a render's output is);
+    /// `None`, with no change, when the draft moved meanwhile.
+    ///
+    /// # Errors
+    /// The draft does not exist; git failures.
+    pub fn replace_draft_content_from(
+        &self,
+        package: &str,
+        workspace: &str,
+        files: &Files,
+        task: Task,
+        actor: &Actor,
+        expected: ObjectId,
+    ) -> Result<Option<ObjectId>, OperationError> {
+        let draft = self.layout.draft_ref(package, workspace)?;
+        let head = self
+            .head(&draft)?
+            .ok_or_else(|| OperationError::Missing(draft.clone()))?;
+        if head != expected {
+            return Ok(None);
+        }
+        self.replace_draft_content(package, workspace, files, task, actor)
+            .map(Some)
+    }
+
     /// A commit of `files` on the draft unless `done` says the head already
     /// has them.
     fn write_draft(

@@ -2,7 +2,7 @@
 //! git repositories through the in-process handlers; conflicts, retries and
 //! refusals with scripted invokers; the kube-rs cluster and the Lambda-HTTP
 //! invoker against mock servers with the API server's and Lambda's real
-//! answers.
+//! answers; a concurrency torture of many writers through the relay.
 
 mod apiserver;
 mod aws_lambda;
@@ -12,6 +12,7 @@ mod lease;
 mod relay_loop;
 mod repository_status;
 mod support;
+mod torture;
 mod variant;
 mod variant_set;
 mod watch;

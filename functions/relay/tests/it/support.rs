@@ -148,6 +148,16 @@ pub(crate) async fn publish<C, I>(
     relay.drain().await;
 }
 
+/// A server process the test started; stopped when dropped.
+pub(crate) struct Child(pub(crate) std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A git smart-HTTP server (`git http-backend`, pushes allowed) over the
 /// bare repositories in a directory; stopped when dropped.
 pub(crate) struct GitServer {

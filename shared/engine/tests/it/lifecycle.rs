@@ -204,6 +204,39 @@ async fn a_draft_cannot_be_published_without_review() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Proposed, then approved in the API before the proposal reached git
+/// (the webhook stamped the proposer): the approval carries out both, in
+/// one push.
+#[tokio::test]
+async fn an_approval_that_overtakes_its_proposal_publishes_the_draft() -> anyhow::Result<()> {
+    let repo = repo_with_draft(package(LABELS)).await?;
+    let outcome = lifecycle(
+        &to(
+            Lifecycle::Published,
+            serde_json::json!({
+                (porch_api::PROPOSED_BY_ANNOTATION): "bob@example.com",
+                (porch_api::APPROVED_BY_ANNOTATION): "alice@example.com",
+            }),
+        ),
+        &repo.mirror,
+        &now(),
+    )
+    .await?;
+    let status = status(&outcome);
+    let (state, _, message) = ready(&status);
+    assert_eq!(state, "True", "{message}");
+    assert_eq!(status["revision"], 1);
+    let refs = refs(&repo);
+    assert!(refs.contains(&"refs/tags/app/v1".to_owned()), "{refs:?}");
+    assert!(
+        !refs
+            .iter()
+            .any(|r| r.starts_with("refs/heads/drafts/") || r.starts_with("refs/heads/proposed/")),
+        "{refs:?}"
+    );
+    Ok(())
+}
+
 /// Twenty proposed revisions of one package published at once, each
 /// through its own mirror of the same repository (as twenty handler
 /// instances would): revisions 1..20, each exactly once.

@@ -163,3 +163,78 @@ async fn renders_that_are_not_due_and_bad_invocations_do_nothing() -> anyhow::Re
     assert!(!err.is_retryable(), "{err}");
     Ok(())
 }
+
+/// A function runtime that, on its first run, lets a user push new content
+/// to the draft (straight into the remote) while the render is under way.
+#[derive(Debug)]
+struct PushDuringRender {
+    inner: BuiltinRuntime,
+    remote: std::path::PathBuf,
+    pushed: std::sync::atomic::AtomicBool,
+}
+
+impl porch_krm::runtime::FunctionRuntime for PushDuringRender {
+    fn run(
+        &self,
+        call: porch_krm::runtime::Call<'_>,
+    ) -> Result<porch_krm::runtime::FunctionOutput, porch_krm::runtime::FunctionError> {
+        if !self.pushed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let git = GitRepo::open(&self.remote).expect("remote");
+            let mut files = package(LABELS);
+            files.insert(
+                "pushed.yaml".into(),
+                b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: pushed\n".to_vec(),
+            );
+            porch_git::operations::Packages {
+                repo: &git,
+                layout: porch_git::layout::RepoLayout::new("", "main"),
+            }
+            .replace_draft_content(
+                "app",
+                "v1",
+                &files,
+                porch_api::v1alpha1::Task {
+                    type_: porch_api::v1alpha1::TaskType::Push,
+                    ..Default::default()
+                },
+                &porch_git::operations::Actor {
+                    uid: "uid-1".into(),
+                    generation: 1,
+                    author: porch_git::identity::Identity::of_user("bob@example.com"),
+                    time: 1_795_000_100,
+                },
+            )
+            .expect("the user's push");
+        }
+        self.inner.run(call)
+    }
+}
+
+#[tokio::test]
+async fn a_push_landing_during_a_render_is_rendered_not_overwritten() -> anyhow::Result<()> {
+    let repo = repo_with_draft(package(LABELS)).await?;
+    let functions = Arc::new(PushDuringRender {
+        inner: BuiltinRuntime::catalog(),
+        remote: repo.remote.clone(),
+        pushed: false.into(),
+    });
+    let context = RenderContext {
+        functions,
+        ..context()
+    };
+    let inv = invocation(serde_json::json!({"porch.kpt.dev/render-request": "rv-7"}));
+    let outcome = render(&inv, &repo.mirror, &context).await?;
+    let (_, files) = draft_files(&repo)?;
+    assert!(
+        files.contains_key("pushed.yaml"),
+        "the push is kept: {:?}",
+        files.keys()
+    );
+    let pushed = String::from_utf8(files["pushed.yaml"].clone())?;
+    assert!(pushed.contains("app: shop"), "and rendered: {pushed}");
+    assert_eq!(
+        condition(&status_of(&outcome), "Rendered"),
+        ("True".into(), "Rendered".into())
+    );
+    Ok(())
+}
