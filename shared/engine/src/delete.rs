@@ -106,6 +106,12 @@ pub async fn delete<R: Remote + 'static>(
             .tag_ref(&package, u64::try_from(revision).unwrap_or(0))
             .map_err(|e| HandlerError::Invalid(e.to_string()))?;
         let short = tag.trim_start_matches("refs/tags/").to_owned();
+        let url = invocation
+            .repository
+            .spec
+            .git
+            .as_ref()
+            .map_or("", |g| g.repo.as_str());
         let users: Vec<String> = invocation
             .related
             .iter()
@@ -116,7 +122,10 @@ pub async fn delete<R: Remote + 'static>(
                         .as_ref()
                         .and_then(|s| s.upstream_lock.as_ref())
                         .and_then(|l| l.git.as_ref())
-                        .is_some_and(|g| g.ref_ == short)
+                        // the same package of another repository is not this one
+                        .is_some_and(|g| {
+                            g.ref_ == short && (g.repo.is_empty() || same_repository(&g.repo, url))
+                        })
             })
             .filter_map(|other| other.metadata.name.clone())
             .collect();
@@ -168,4 +177,15 @@ pub async fn delete<R: Remote + 'static>(
         "removed from git".into(),
     ));
     Ok(out)
+}
+
+/// Whether two repository URLs name the same repository (a trailing `/` or
+/// `.git` aside).
+fn same_repository(a: &str, b: &str) -> bool {
+    let normal = |url: &str| {
+        url.trim_end_matches('/')
+            .trim_end_matches(".git")
+            .to_ascii_lowercase()
+    };
+    normal(a) == normal(b)
 }

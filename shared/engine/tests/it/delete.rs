@@ -86,6 +86,41 @@ async fn published_revisions_go_only_through_a_deletion_proposal() -> anyhow::Re
         outcome.events
     );
 
+    // The same package and ref locked from another repository is no user.
+    let mut elsewhere = deleting(Lifecycle::DeletionProposed, 1);
+    let mut other = published_revision("deploy.down.v1", "down", "v1", 1);
+    if let Some(status) = other.status.as_mut() {
+        status.upstream_lock = Some(Locator {
+            type_: "git".into(),
+            git: Some(GitLock {
+                repo: "https://git.example.com/other-blueprints.git".into(),
+                ref_: "app/v1".into(),
+                ..GitLock::default()
+            }),
+        });
+    }
+    elsewhere.related = vec![other.clone()];
+    let same_url = elsewhere
+        .repository
+        .spec
+        .git
+        .as_ref()
+        .map(|g| g.repo.clone());
+    // ...while a lock on this repository's URL (with `.git`) is
+    if let (Some(status), Some(url)) = (other.status.as_mut(), same_url) {
+        if let Some(git) = status.upstream_lock.as_mut().and_then(|l| l.git.as_mut()) {
+            git.repo = format!("{url}.git");
+        }
+    }
+    let mut blocked_here = deleting(Lifecycle::DeletionProposed, 1);
+    blocked_here.related = vec![other];
+    let outcome = delete(&blocked_here, &repo.mirror, &now()).await?;
+    assert!(outcome.patches.is_empty(), "blocked by a lock on this URL");
+    let outcome = delete(&elsewhere, &repo.mirror, &now()).await?;
+    assert!(releases(&outcome), "{:?}", outcome.events);
+    assert!(!refs(&repo).contains(&"refs/tags/app/v1".to_owned()));
+    publish(&repo.mirror, "app", "v1", package(LABELS)).await?;
+
     // Proposed for deletion and unused: the tag goes; a sibling becomes latest.
     let mut inv = deleting(Lifecycle::DeletionProposed, 1);
     let mut sibling = published_revision("blueprints.app.v0", "app", "v0", 0);
