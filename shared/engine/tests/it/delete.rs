@@ -107,10 +107,10 @@ async fn published_revisions_go_only_through_a_deletion_proposal() -> anyhow::Re
         .as_ref()
         .map(|g| g.repo.clone());
     // ...while a lock on this repository's URL (with `.git`) is
-    if let (Some(status), Some(url)) = (other.status.as_mut(), same_url) {
-        if let Some(git) = status.upstream_lock.as_mut().and_then(|l| l.git.as_mut()) {
-            git.repo = format!("{url}.git");
-        }
+    if let (Some(status), Some(url)) = (other.status.as_mut(), same_url)
+        && let Some(git) = status.upstream_lock.as_mut().and_then(|l| l.git.as_mut())
+    {
+        git.repo = format!("{url}.git");
     }
     let mut blocked_here = deleting(Lifecycle::DeletionProposed, 1);
     blocked_here.related = vec![other];
