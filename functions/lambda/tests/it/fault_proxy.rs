@@ -259,7 +259,14 @@ async fn forward(State(proxy): State<FaultProxy>, request: Request) -> Response 
                 Err(std::io::Error::other("injected connection reset")),
             ]))
         }
-        _ => Body::from(bytes),
+        _ => {
+            // the length of what is sent (hyper sets it), except for HEAD,
+            // whose length is that of the body it does not carry
+            if parts.method != Method::HEAD {
+                headers.remove("content-length");
+            }
+            Body::from(bytes)
+        }
     };
     let mut response = Response::builder().status(code);
     if let Some(h) = response.headers_mut() {
