@@ -80,13 +80,25 @@ struct ConvertedResponse<'a> {
 pub fn review(body: &[u8]) -> Vec<u8> {
     let envelope: Envelope<'_> = match serde_json::from_slice(body) {
         Ok(e) => e,
-        Err(e) => return encode(&invalid(format!("invalid ConversionReview: {e}"))),
+        Err(e) => {
+            let mut review = invalid(format!("invalid ConversionReview: {e}"));
+            if let Some(response) = review.response.as_mut() {
+                response.uid = std::str::from_utf8(body)
+                    .map(crate::review::uid_of)
+                    .unwrap_or_default();
+            }
+            return encode(&review);
+        }
     };
     if envelope.api_version != "apiextensions.k8s.io/v1" || envelope.kind != "ConversionReview" {
-        return encode(&invalid(format!(
+        let mut review = invalid(format!(
             "unsupported review {}/{}: expected apiextensions.k8s.io/v1 ConversionReview",
             envelope.api_version, envelope.kind
-        )));
+        ));
+        if let (Some(response), Some(request)) = (review.response.as_mut(), envelope.request) {
+            response.uid = request.uid;
+        }
+        return encode(&review);
     }
     let Some(request) = envelope.request else {
         return encode(&invalid("ConversionReview has no request".to_owned()));
