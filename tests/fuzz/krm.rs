@@ -26,9 +26,18 @@ pub fn kptfile(data: &[u8]) {
 }
 
 /// An object as JSON without kpt's wire annotations, or `None` when it has
-/// no JSON form (aliases, non-scalar keys).
+/// no JSON form (aliases, non-scalar keys). A null `metadata` or
+/// `metadata.annotations` counts as absent, as it does for Kubernetes.
 fn plain(object: &Node) -> Option<serde_json::Value> {
     let mut object = object.clone();
+    if object.get("metadata").is_some_and(Node::is_null) {
+        object.remove("metadata");
+    }
+    if let Some(metadata) = object.get_mut("metadata")
+        && metadata.get("annotations").is_some_and(Node::is_null)
+    {
+        metadata.remove("annotations");
+    }
     resourcelist::strip_wire_annotations(&mut object);
     package::tidy_metadata(&mut object);
     yaml::to_json(&object).ok()

@@ -55,6 +55,8 @@ fn single(value: &str) {
         let trimmed = value.trim_matches('/');
         if !trimmed.is_empty() {
             assert_safe_path("directory", trimmed);
+            // the directory is part of its packages' ref names
+            assert_ref(&format!("refs/heads/drafts/{trimmed}/pkg/ws"));
         }
     }
     if validate_branch_name(value).is_ok() {
