@@ -246,11 +246,13 @@ pub fn validate_branch_name(value: &str) -> Result<(), NameError> {
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c));
     let placement_ok = !value.contains("..")
-        && !value.ends_with(".lock")
         && !value.starts_with('-')
-        && value
-            .split('/')
-            .all(|seg| !seg.is_empty() && !seg.starts_with('.') && !seg.ends_with('.'));
+        && value.split('/').all(|seg| {
+            !seg.is_empty()
+                && !seg.starts_with('.')
+                && !seg.ends_with('.')
+                && !seg.ends_with(".lock")
+        });
     if chars_ok && placement_ok {
         Ok(())
     } else {
@@ -626,6 +628,7 @@ mod tests {
             "a..b",
             "-x",
             "x.lock",
+            "a.lock/b",
             "a//b",
             "/a",
             "a/",

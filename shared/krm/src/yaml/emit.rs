@@ -563,11 +563,13 @@ fn select_style(node: &Node, value: &str, flow: bool, simple_key: bool) -> Style
 fn scalar(node: &Node, value: &str, indent: usize, flow: bool, simple_key: bool) -> String {
     // An empty plain scalar is a null. kpt's YAML library writes it as `''`
     // where it cannot be left empty (`{b}` becomes `{b: ''}`), which turns
-    // the null into an empty string; `null` keeps the value.
+    // a null value into an empty string; `null` keeps the value. Keys keep
+    // `''`: a key is read as a string either way.
     if value.is_empty()
         && node.tag.is_none()
         && matches!(node.style, Style::Plain | Style::Flow)
-        && (flow || simple_key)
+        && flow
+        && !simple_key
     {
         return "null".to_owned();
     }
@@ -701,6 +703,9 @@ mod tests {
             assert_eq!(before, after, "{text:?} was written as {out:?}");
         }
         assert_eq!(round_trip("a: {b}\n").0, "a: {b: null}\n");
+        // an empty key is written as the empty string it is read as
+        assert_eq!(round_trip("a: {: b}\n").0, "a: {'': b}\n");
+        assert_eq!(round_trip(": b\n").0, "'': b\n");
         // an empty string stays an empty string
         let (out, before, after) = round_trip("a: {b: ''}\n");
         assert_eq!(out, "a: {b: ''}\n");
