@@ -40,7 +40,9 @@ for t in "${targets[@]}"; do
     -runs="$RUNS" -max_total_time="$MAX_TOTAL_TIME" \
     -max_len="${MAX_LEN[$t]}" -timeout=10 -rss_limit_mb=2048 \
     -dict="fuzz/dicts/${DICT[$t]}.dict" -print_final_stats=1 >"$log" 2>&1 || status=$?
-  minutes=$(awk -v s="$(( $(date +%s) - start ))" 'BEGIN { printf "%.1f", s / 60 }')
+  # fuzzing time from libFuzzer's last line; wall time when it stopped on a crash
+  secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)
+  minutes=$(awk -v s="${secs:-$(( $(date +%s) - start ))}" 'BEGIN { printf "%.1f", s / 60 }')
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   crashes=$(grep -c 'Test unit written to' "$log" || true)
