@@ -318,7 +318,13 @@ fn flow(node: &Node) -> String {
             let parts: Vec<String> = entries
                 .iter()
                 .map(|(k, v)| {
-                    let key = flow_key(k);
+                    // a key too long for `key:` (parsers refuse implicit keys
+                    // over 1024 characters) is written explicitly, as libyaml does
+                    let key = if needs_complex_key(k) {
+                        format!("? {}", flow_key(k))
+                    } else {
+                        flow_key(k)
+                    };
                     let value = flow_item(v);
                     if value.is_empty() {
                         format!("{key}:")
@@ -706,6 +712,11 @@ mod tests {
         // an empty key is written as the empty string it is read as
         assert_eq!(round_trip("a: {: b}\n").0, "a: {'': b}\n");
         assert_eq!(round_trip(": b\n").0, "'': b\n");
+        // a key too long to be implicit is written explicitly
+        let long = "k".repeat(1100);
+        let (out, before, after) = round_trip(&format!("a: {{? \"{long}\" : 1, b: 2}}\n"));
+        assert!(out.starts_with("a: {? "), "{out}");
+        assert_eq!(before, after);
         // an empty string stays an empty string
         let (out, before, after) = round_trip("a: {b: ''}\n");
         assert_eq!(out, "a: {b: ''}\n");
