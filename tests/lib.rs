@@ -1,1 +1,5 @@
-//! Cross-crate tests live in `it/`; this library is empty.
+//! Cross-crate tests live in `it/`. The library holds the fuzz properties
+//! ([`fuzz`]), shared by the libFuzzer targets in `fuzz/` and by the corpus
+//! replay test.
+
+pub mod fuzz;

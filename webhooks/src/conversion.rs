@@ -78,15 +78,35 @@ struct ConvertedResponse<'a> {
 
 /// Answers one ConversionReview body with the JSON to send back.
 pub fn review(body: &[u8]) -> Vec<u8> {
-    let envelope: Envelope<'_> = match serde_json::from_slice(body) {
+    // JSON is UTF-8; checking it once up front also covers the fields the
+    // envelope skips, which the parser does not look into
+    let text = match std::str::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => {
+            return encode(&invalid(format!(
+                "invalid ConversionReview: not UTF-8: {e}"
+            )));
+        }
+    };
+    let envelope: Envelope<'_> = match serde_json::from_str(text) {
         Ok(e) => e,
-        Err(e) => return encode(&invalid(format!("invalid ConversionReview: {e}"))),
+        Err(e) => {
+            let mut review = invalid(format!("invalid ConversionReview: {e}"));
+            if let Some(response) = review.response.as_mut() {
+                response.uid = crate::review::uid_of(text);
+            }
+            return encode(&review);
+        }
     };
     if envelope.api_version != "apiextensions.k8s.io/v1" || envelope.kind != "ConversionReview" {
-        return encode(&invalid(format!(
+        let mut review = invalid(format!(
             "unsupported review {}/{}: expected apiextensions.k8s.io/v1 ConversionReview",
             envelope.api_version, envelope.kind
-        )));
+        ));
+        if let (Some(response), Some(request)) = (review.response.as_mut(), envelope.request) {
+            response.uid = request.uid;
+        }
+        return encode(&review);
     }
     let Some(request) = envelope.request else {
         return encode(&invalid("ConversionReview has no request".to_owned()));

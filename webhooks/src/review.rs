@@ -194,9 +194,9 @@ pub fn parse(body: &[u8]) -> Result<AdmissionInput<'_>, Box<AdmissionResponse>> 
         )))
     })?;
     let envelope: Envelope<Request<&RawValue>> = serde_json::from_str(text).map_err(|e| {
-        Box::new(AdmissionResponse::invalid(format!(
-            "invalid AdmissionReview: {e}"
-        )))
+        let mut response = AdmissionResponse::invalid(format!("invalid AdmissionReview: {e}"));
+        response.uid = uid_of(text);
+        Box::new(response)
     })?;
     if envelope.api_version != "admission.k8s.io/v1" || envelope.kind != "AdmissionReview" {
         let mut response = AdmissionResponse::invalid(format!(
@@ -215,6 +215,21 @@ pub fn parse(body: &[u8]) -> Result<AdmissionInput<'_>, Box<AdmissionResponse>> 
         object,
         old_object,
     })
+}
+
+/// `request.uid` of a review that did not decode, so that its refusal still
+/// names the request; empty when the body is not JSON or has no string uid.
+pub fn uid_of(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|review| {
+            review
+                .get("request")?
+                .get("uid")?
+                .as_str()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
 }
 
 impl RequestHead {

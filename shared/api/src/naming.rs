@@ -42,6 +42,8 @@ pub enum NameError {
         "branch {value:?} is not a valid branch name: use letters, digits, '.', '_', '-' and '/', with no '..', no empty or dot-led segments, and no '.lock' ending"
     )]
     BadBranch { value: String },
+    #[error("directory {value:?} cannot be part of a git ref name: {reason}")]
+    NotInRef { value: String, reason: &'static str },
     #[error("package name {value:?} has more than {max} path segments")]
     TooDeep { value: String, max: usize },
     #[error(
@@ -244,11 +246,13 @@ pub fn validate_branch_name(value: &str) -> Result<(), NameError> {
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || "._-/".contains(c));
     let placement_ok = !value.contains("..")
-        && !value.ends_with(".lock")
         && !value.starts_with('-')
-        && value
-            .split('/')
-            .all(|seg| !seg.is_empty() && !seg.starts_with('.') && !seg.ends_with('.'));
+        && value.split('/').all(|seg| {
+            !seg.is_empty()
+                && !seg.starts_with('.')
+                && !seg.ends_with('.')
+                && !seg.ends_with(".lock")
+        });
     if chars_ok && placement_ok {
         Ok(())
     } else {
@@ -258,7 +262,10 @@ pub fn validate_branch_name(value: &str) -> Result<(), NameError> {
 
 /// Checks a directory inside a repository (`spec.git.directory`, a clone's
 /// `directory`): leading and trailing slashes are ignored; no `..`, `.git`,
-/// empty segments, backslashes or control characters.
+/// empty segments, backslashes or control characters. The directory is part
+/// of the names of the refs that hold its packages' revisions, so each
+/// segment also follows git's ref rules: no leading `.`, no `..`, no trailing `.` or
+/// `.lock`, none of ` ~^:?*[`, no `@{`, and not `@`.
 ///
 /// # Errors
 /// Any of the above, or longer than 1024.
@@ -292,10 +299,32 @@ pub fn validate_repo_directory(value: &str) -> Result<(), NameError> {
             s if s.eq_ignore_ascii_case(".git") => {
                 return Err(unsafe_path("'.git' segments are not allowed"));
             }
-            _ => {}
+            s => {
+                if let Some(reason) = ref_segment_problem(s) {
+                    return Err(NameError::NotInRef {
+                        value: truncate(value),
+                        reason,
+                    });
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// Why a path segment cannot be a component of a git ref name, if it cannot.
+fn ref_segment_problem(segment: &str) -> Option<&'static str> {
+    if segment.starts_with('.') || segment.contains("..") {
+        Some("a segment starts with '.' or contains '..'")
+    } else if segment.ends_with('.') || segment.ends_with(".lock") {
+        Some("a segment ends with '.' or '.lock'")
+    } else if segment.contains([' ', '~', '^', ':', '?', '*', '[']) {
+        Some("it contains one of ' ~^:?*['")
+    } else if segment.contains("@{") || segment == "@" {
+        Some("it contains '@{' or a segment '@'")
+    } else {
+        None
+    }
 }
 
 /// The identity encoded in a PackageRevision name.
@@ -599,6 +628,7 @@ mod tests {
             "a..b",
             "-x",
             "x.lock",
+            "a.lock/b",
             "a//b",
             "/a",
             "a/",
@@ -607,11 +637,30 @@ mod tests {
         ] {
             assert!(validate_branch_name(bad).is_err(), "{bad:?} accepted");
         }
-        for ok in ["", "/", "/blueprints", "a/b/", "pkgs"] {
+        for ok in ["", "/", "/blueprints", "a/b/", "pkgs", "v1.2/x_y", "a@b"] {
             validate_repo_directory(ok).expect(ok);
         }
         for bad in [
-            "../up", "a/../b", "a//b", ".git", "a/.git/x", "a\\b", "a\u{1}",
+            "../up",
+            "a/../b",
+            "a//b",
+            ".git",
+            "a/.git/x",
+            "a\\b",
+            "a\u{1}",
+            // not in a git ref name
+            "/.infra/",
+            "a/b.",
+            "x.lock",
+            "with space",
+            "a~1",
+            "a^",
+            "c:d",
+            "a?",
+            "*",
+            "[x",
+            "a@{1}",
+            "@",
         ] {
             assert!(validate_repo_directory(bad).is_err(), "{bad:?} accepted");
         }

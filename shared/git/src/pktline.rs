@@ -1,6 +1,7 @@
-//! The wire pieces of native push (git's pack protocol, v0/v1 receive-pack):
-//! pkt-lines, the ref advertisement, side-band demultiplexing and the
-//! `report-status` answer, parsed into typed results. Input is untrusted:
+//! The wire pieces of native push and fetch (git's pack protocol, v0/v1
+//! receive-pack and upload-pack): pkt-lines, the ref advertisement,
+//! side-band demultiplexing, the `report-status` answer and the pack of an
+//! upload-pack answer, parsed into typed results. Input is untrusted:
 //! every length is checked and nothing panics.
 
 use gix::ObjectId;
@@ -262,6 +263,68 @@ pub fn parse_report_status(input: &[u8]) -> Result<ReportStatus, ProtocolError> 
         unpack_error: unpack.ok_or(ProtocolError::NoUnpackLine)?,
         refs,
     })
+}
+
+/// The pack in an upload-pack answer: acknowledgements first, then the
+/// side-band stream.
+///
+/// # Errors
+/// Malformed packets, an unknown band, an `ERR` line or a band-3 error
+/// from the server, or no pack at all.
+pub fn pack_from_answer(answer: &[u8]) -> Result<Vec<u8>, ProtocolError> {
+    // a server without side-band sends the pack raw after the
+    // acknowledgements
+    let mut rest = answer;
+    while let Some(head) = rest.get(..4) {
+        if head == b"PACK" {
+            return Ok(rest.to_vec());
+        }
+        let len = std::str::from_utf8(head)
+            .ok()
+            .and_then(|h| usize::from_str_radix(h, 16).ok());
+        match len {
+            Some(len) if len > 4 && len <= rest.len() => {
+                let data = &rest[4..len];
+                if data.starts_with(b"NAK") || data.starts_with(b"ACK ") {
+                    rest = &rest[len..];
+                    continue;
+                }
+                break;
+            }
+            _ => break,
+        }
+    }
+    let packets = split_all(rest)?;
+    let mut pack = Vec::new();
+    for packet in packets {
+        let Packet::Data(data) = packet else { continue };
+        if data.starts_with(b"NAK") || data.starts_with(b"ACK ") {
+            continue;
+        }
+        if let Some(message) = data.strip_prefix(b"ERR ") {
+            return Err(ProtocolError::Remote(
+                String::from_utf8_lossy(message).trim().to_owned(),
+            ));
+        }
+        match data.split_first() {
+            Some((1, rest)) => pack.extend_from_slice(rest),
+            Some((2, _)) => {}
+            Some((3, rest)) => {
+                return Err(ProtocolError::Remote(
+                    String::from_utf8_lossy(rest).trim().to_owned(),
+                ));
+            }
+            _ => {
+                return Err(ProtocolError::BadStatus(
+                    String::from_utf8_lossy(data).chars().take(200).collect(),
+                ));
+            }
+        }
+    }
+    if pack.len() < 32 || !pack.starts_with(b"PACK") {
+        return Err(ProtocolError::BadStatus("the answer holds no pack".into()));
+    }
+    Ok(pack)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@
 
 use crate::egress::{Denied, EgressPolicy, GuardedResolver};
 use crate::pktline::{
-    self, Advertisement, FLUSH, Packet, ProtocolError, RefRejection, parse_advertisement,
+    self, Advertisement, FLUSH, ProtocolError, RefRejection, parse_advertisement,
     parse_report_status,
 };
 use crate::repo::{GitRepo, RefUpdate, RepoError};
@@ -835,64 +835,6 @@ impl SmartRemote {
         self.finish(session).await;
         Ok(refs)
     }
-
-    /// The pack in an upload-pack answer: acknowledgements first, then the
-    /// side-band stream.
-    fn pack_from_answer(&self, answer: &[u8]) -> Result<Vec<u8>, RemoteError> {
-        // a server without side-band sends the pack raw after the
-        // acknowledgements
-        let mut rest = answer;
-        while let Some(head) = rest.get(..4) {
-            if head == b"PACK" {
-                return Ok(rest.to_vec());
-            }
-            let len = std::str::from_utf8(head)
-                .ok()
-                .and_then(|h| usize::from_str_radix(h, 16).ok());
-            match len {
-                Some(len) if len > 4 && len <= rest.len() => {
-                    let data = &rest[4..len];
-                    if data.starts_with(b"NAK") || data.starts_with(b"ACK ") {
-                        rest = &rest[len..];
-                        continue;
-                    }
-                    break;
-                }
-                _ => break,
-            }
-        }
-        let packets = pktline::split_all(rest).map_err(|e| self.protocol(e))?;
-        let mut pack = Vec::new();
-        for packet in packets {
-            let Packet::Data(data) = packet else { continue };
-            if data.starts_with(b"NAK") || data.starts_with(b"ACK ") {
-                continue;
-            }
-            if let Some(message) = data.strip_prefix(b"ERR ") {
-                return Err(self.protocol(ProtocolError::Remote(
-                    String::from_utf8_lossy(message).trim().to_owned(),
-                )));
-            }
-            match data.split_first() {
-                Some((1, rest)) => pack.extend_from_slice(rest),
-                Some((2, _)) => {}
-                Some((3, rest)) => {
-                    return Err(self.protocol(ProtocolError::Remote(
-                        String::from_utf8_lossy(rest).trim().to_owned(),
-                    )));
-                }
-                _ => {
-                    return Err(self.protocol(ProtocolError::BadStatus(
-                        String::from_utf8_lossy(data).chars().take(200).collect(),
-                    )));
-                }
-            }
-        }
-        if pack.len() < 32 || !pack.starts_with(b"PACK") {
-            return Err(self.protocol(ProtocolError::BadStatus("the answer holds no pack".into())));
-        }
-        Ok(pack)
-    }
 }
 
 /// Most `have` lines sent in one fetch: branch heads cover nearly all
@@ -970,7 +912,7 @@ impl Remote for SmartRemote {
             let answer = self
                 .request(session, body, self.options.max_pack_bytes)
                 .await?;
-            let pack = self.pack_from_answer(&answer)?;
+            let pack = pktline::pack_from_answer(&answer).map_err(|e| self.protocol(e))?;
             let mirror = mirror.to_owned();
             blocking(move || {
                 GitRepo::open(&mirror)?.index_pack(&pack)?;

@@ -318,7 +318,13 @@ fn flow(node: &Node) -> String {
             let parts: Vec<String> = entries
                 .iter()
                 .map(|(k, v)| {
-                    let key = flow_key(k);
+                    // a key too long for `key:` (parsers refuse implicit keys
+                    // over 1024 characters) is written explicitly, as libyaml does
+                    let key = if needs_complex_key(k) {
+                        format!("? {}", flow_key(k))
+                    } else {
+                        flow_key(k)
+                    };
                     let value = flow_item(v);
                     if value.is_empty() {
                         format!("{key}:")
@@ -561,6 +567,18 @@ fn select_style(node: &Node, value: &str, flow: bool, simple_key: bool) -> Style
 }
 
 fn scalar(node: &Node, value: &str, indent: usize, flow: bool, simple_key: bool) -> String {
+    // An empty plain scalar is a null. kpt's YAML library writes it as `''`
+    // where it cannot be left empty (`{b}` becomes `{b: ''}`), which turns
+    // a null value into an empty string; `null` keeps the value. Keys keep
+    // `''`: a key is read as a string either way.
+    if value.is_empty()
+        && node.tag.is_none()
+        && matches!(node.style, Style::Plain | Style::Flow)
+        && flow
+        && !simple_key
+    {
+        return "null".to_owned();
+    }
     match select_style(node, value, flow, simple_key) {
         Style::SingleQuoted => single_quoted(value, indent),
         Style::DoubleQuoted => double_quoted(value),
@@ -662,4 +680,46 @@ fn literal(value: &str, indent: usize) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::yaml::{SeqIndent, emit_documents, parse_documents, to_json};
+
+    fn round_trip(text: &str) -> (String, serde_json::Value, serde_json::Value) {
+        let docs = parse_documents(text).expect("parses");
+        let out = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
+        let again = parse_documents(&out).expect("what was written parses");
+        (
+            out,
+            to_json(&docs[0].root).expect("JSON"),
+            to_json(&again[0].root).expect("JSON"),
+        )
+    }
+
+    #[test]
+    fn a_null_in_a_flow_collection_stays_null() {
+        for text in [
+            "a: {x: 1, b, c: 2}\n",
+            "a: {b}\n",
+            "a: [b: , c]\n",
+            "a: {? b}\n",
+        ] {
+            let (out, before, after) = round_trip(text);
+            assert_eq!(before, after, "{text:?} was written as {out:?}");
+        }
+        assert_eq!(round_trip("a: {b}\n").0, "a: {b: null}\n");
+        // an empty key is written as the empty string it is read as
+        assert_eq!(round_trip("a: {: b}\n").0, "a: {'': b}\n");
+        assert_eq!(round_trip(": b\n").0, "'': b\n");
+        // a key too long to be implicit is written explicitly
+        let long = "k".repeat(1100);
+        let (out, before, after) = round_trip(&format!("a: {{? \"{long}\" : 1, b: 2}}\n"));
+        assert!(out.starts_with("a: {? "), "{out}");
+        assert_eq!(before, after);
+        // an empty string stays an empty string
+        let (out, before, after) = round_trip("a: {b: ''}\n");
+        assert_eq!(out, "a: {b: ''}\n");
+        assert_eq!(before, after);
+    }
 }
