@@ -443,9 +443,15 @@ impl State {
                 );
                 let gone = set.metadata.deletion_timestamp.is_some()
                     && set.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+                let stale = self.sets.get(&key).is_some_and(|known| {
+                    !newer(
+                        &set.metadata.resource_version,
+                        &known.metadata.resource_version,
+                    )
+                });
                 if gone {
                     self.unindex_set(&key);
-                } else {
+                } else if !stale {
                     self.put_set(key, set);
                 }
             }
@@ -459,8 +465,18 @@ impl State {
                 );
                 let gone = pv.metadata.deletion_timestamp.is_some()
                     && pv.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+                let stale = self.variants.get(&key).is_some_and(|known| {
+                    !newer(
+                        &pv.metadata.resource_version,
+                        &known.metadata.resource_version,
+                    )
+                });
                 if gone {
                     self.unindex_variant(&key);
+                } else if stale {
+                    // the view already holds a newer version (a watch event
+                    // that overtook this write's answer): look at that one
+                    self.enqueue(Work::Variant(key), Instant::now());
                 } else {
                     // written by an Outcome (a set made or deleted it, or
                     // its own status): reconciled again with what it is now
@@ -480,9 +496,18 @@ impl State {
             // deleted leaves nothing: the API server removes it
             let gone = pr.metadata.deletion_timestamp.is_some()
                 && pr.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+            // A write's answer can arrive after a newer version of the same
+            // object was observed (a client changed it meanwhile): the view
+            // keeps the newer one, or that change would never be planned.
+            let stale = self.revisions.get(&key).is_some_and(|known| {
+                !newer(
+                    &pr.metadata.resource_version,
+                    &known.metadata.resource_version,
+                )
+            });
             if gone {
                 self.remove(&key);
-            } else {
+            } else if !stale {
                 self.put(key, pr);
             }
         }
@@ -1757,4 +1782,41 @@ pub fn upstream_of(pr: &PackageRevision, all: &[PackageRevision]) -> Option<Pack
     all.iter()
         .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
         .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn revision(resource_version: &str, generation: i64) -> Value {
+        serde_json::json!({
+            "apiVersion": "porch.kpt.dev/v1alpha2", "kind": "PackageRevision",
+            "metadata": {"name": "r.p.v1", "namespace": "default",
+                         "resourceVersion": resource_version, "generation": generation},
+            "spec": {"packageName": "p", "repository": "r", "workspaceName": "v1", "lifecycle": "Draft"}
+        })
+    }
+
+    /// A client's change observed while a write of the relay was in flight
+    /// is not undone in the view by that write's (older) answer.
+    #[test]
+    fn an_older_write_answer_does_not_replace_a_newer_observed_version() {
+        let mut state = State::default();
+        let newer_seen: PackageRevision =
+            serde_json::from_value(revision("10", 5)).expect("revision");
+        state.put("default/r.p.v1".into(), newer_seen);
+        state.store(&revision("9", 4));
+        let kept = &state.revisions["default/r.p.v1"];
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("10"));
+        assert_eq!(kept.metadata.generation, Some(5));
+        // a newer answer does replace it
+        state.store(&revision("11", 5));
+        assert_eq!(
+            state.revisions["default/r.p.v1"]
+                .metadata
+                .resource_version
+                .as_deref(),
+            Some("11")
+        );
+    }
 }

@@ -916,7 +916,20 @@ impl Torture {
                 })
                 .map(name_of)
                 .collect();
-            if busy.is_empty() || Instant::now() > deadline {
+            // a deletion blocked by a downstream waits for a user, not for
+            // the relay: it is returned at once, not waited for
+            let blocked = {
+                let cluster = self.cluster.lock().expect("lock");
+                busy.iter()
+                    .filter(|n| {
+                        cluster
+                            .events
+                            .iter()
+                            .any(|e| e.reason == "DeletionBlocked" && e.regarding.name == **n)
+                    })
+                    .count()
+            };
+            if busy.len() == blocked || Instant::now() > deadline {
                 return busy;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
