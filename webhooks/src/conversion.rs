@@ -205,6 +205,11 @@ fn convert_chunk(
 pub fn convert(raw: &RawValue, desired: &str) -> Result<Box<RawValue>, String> {
     let head: Head<'_> =
         serde_json::from_str(raw.get()).map_err(|e| format!("not an object: {e}"))?;
+    // Decoded whole once: the typed decode and an echo in the same version
+    // skip the fields no type reads, where JSON the API server cannot read
+    // back (a lone UTF-16 surrogate escape) would pass unseen.
+    serde_json::from_str::<serde_json::Value>(raw.get())
+        .map_err(|e| format!("invalid JSON: {e}"))?;
     if head.kind != "PackageRevision" {
         return Err(format!(
             "kind {:?} cannot be converted: only PackageRevision",
@@ -217,14 +222,7 @@ pub fn convert(raw: &RawValue, desired: &str) -> Result<Box<RawValue>, String> {
             .map_err(|e| format!("failed to encode: {e}"))
     };
     match (from, desired) {
-        (f, d) if f == d && (d == V1ALPHA1 || d == V1ALPHA2) => {
-            // echoed as it came: decoded whole first, so nothing the API
-            // server could not read back (a lone UTF-16 surrogate escape in
-            // a field no type looks at) goes out in the answer
-            serde_json::from_str::<serde_json::Value>(raw.get())
-                .map_err(|e| format!("invalid {d} object: {e}"))?;
-            Ok(raw.to_owned())
-        }
+        (f, d) if f == d && (d == V1ALPHA1 || d == V1ALPHA2) => Ok(raw.to_owned()),
         (V1ALPHA1, V1ALPHA2) => {
             let v1: v1alpha1::PackageRevision = serde_json::from_str(raw.get())
                 .map_err(|e| format!("invalid {V1ALPHA1} object: {e}"))?;
