@@ -150,10 +150,19 @@ pub fn plan(pr: &PackageRevision, repository: &Repository) -> Vec<Operation> {
         }
         return due;
     }
-    if render_due(pr) {
+    // A spec change not yet observed may be a rejection, whose draft branch
+    // exists only once the lifecycle is applied: git follows the spec
+    // before the content is rendered.
+    let spec_pending =
+        pr.status.as_ref().and_then(|s| s.observed_generation) != pr.metadata.generation;
+    let (render, lifecycle) = (render_due(pr), lifecycle_due(pr));
+    if lifecycle && spec_pending {
+        due.push(Operation::Lifecycle);
+    }
+    if render {
         due.push(Operation::Render);
     }
-    if lifecycle_due(pr) {
+    if lifecycle && !spec_pending {
         due.push(Operation::Lifecycle);
     }
     due
@@ -267,6 +276,29 @@ mod tests {
         pr.metadata.annotations =
             Some([(RENDER_REQUEST_ANNOTATION.to_owned(), "def".to_owned())].into());
         assert!(!render_due(&pr));
+    }
+
+    #[test]
+    fn a_rejection_reaches_git_before_the_draft_renders() {
+        // Proposed at generation 2, then rejected (generation 3) with a
+        // render request: the draft branch exists only after the lifecycle
+        // handler moved it back from `proposed/`.
+        let mut pr = adopted(draft());
+        pr.metadata.generation = Some(3);
+        pr.metadata.annotations =
+            Some([(RENDER_REQUEST_ANNOTATION.to_owned(), "abc".to_owned())].into());
+        pr.status = Some(PackageRevisionStatus {
+            creation_source: "init".into(),
+            observed_generation: Some(2),
+            conditions: vec![condition("Ready", "True"), condition("Rendered", "True")],
+            ..Default::default()
+        });
+        assert_eq!(
+            plan(&pr, &repository()),
+            vec![Operation::Lifecycle, Operation::Render]
+        );
+        pr.status.as_mut().expect("status").observed_generation = Some(3);
+        assert_eq!(plan(&pr, &repository()), vec![Operation::Render]);
     }
 
     #[test]
