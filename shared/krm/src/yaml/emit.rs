@@ -698,6 +698,60 @@ mod tests {
     }
 
     #[test]
+    fn tags_are_written_with_their_escapes_so_they_read_back_the_same() {
+        for (text, tag) in [
+            // a control character, a `%` and a flow indicator, escaped
+            ("a: !x%0A%25y%2Cz v\n", "!x%0A%25y%2Cz"),
+            ("a: !!x%01 v\n", "!!x%01"),
+            (
+                "a: !<tag:e.com,2000:a%7Fb[]> v\n",
+                "!<tag:e.com,2000:a%7Fb[]>",
+            ),
+            (
+                "a: !<tag:e.com,2000:%C3%A9> v\n",
+                "!<tag:e.com,2000:%C3%A9>",
+            ),
+            ("a: ! v\n", "!"),
+            ("a: !!str v\n", "!!str"),
+        ] {
+            let docs = parse_documents(text).expect("parses");
+            let out = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
+            assert!(
+                !out.chars().any(|c| c.is_control() && c != '\n'),
+                "{text:?} was written with a raw control character: {out:?}"
+            );
+            let again = parse_documents(&out).expect("what was written parses");
+            let tag_of = |root: &crate::yaml::Node| match &root.value {
+                crate::yaml::Value::Mapping(entries) => entries[0].1.tag.clone(),
+                other => panic!("not a mapping: {other:?}"),
+            };
+            assert_eq!(tag_of(&docs[0].root).as_deref(), Some(tag), "{text:?}");
+            assert_eq!(
+                tag_of(&again[0].root).as_deref(),
+                Some(tag),
+                "{text:?} -> {out:?}"
+            );
+            let twice = emit_documents(again.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
+            assert_eq!(out, twice, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_comment_under_an_empty_value_in_a_sequence_item_stays_put() {
+        // the comment is the foot of `ports`, deeper than the next item's
+        // dash: it was read as the next item's head on the second write
+        // (the item's mapping starts at column 4) and moved left
+        let text = "kind: A\nl:\n  - name: c\n    ports:\n     # note\n  - name: c2\n";
+        let written = "kind: A\nl:\n  - name: c\n    ports:\n    # note\n  - name: c2\n";
+        let once = round_trip(text).0;
+        assert_eq!(once, written);
+        assert_eq!(round_trip(&once).0, written);
+        // a comment at the next item's dash stays its head comment
+        let head = "l:\n  - a: 1\n  # about b\n  - b: 2\n";
+        assert_eq!(round_trip(head).0, head);
+    }
+
+    #[test]
     fn a_null_in_a_flow_collection_stays_null() {
         for text in [
             "a: {x: 1, b, c: 2}\n",

@@ -95,7 +95,7 @@ enum Step {
     Value(usize),
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Anchor {
     line: usize,
     col: usize,
@@ -148,12 +148,46 @@ enum Last {
     Other,
 }
 
+/// A tag as it is written back: the parser hands out its suffix with `%`
+/// escapes decoded, so whatever may not appear literally in a tag (control
+/// characters, spaces, `%` itself, flow indicators in a shorthand) is
+/// escaped again, or the tag written would not read back the same.
 fn tag_text(tag: &Tag) -> String {
     if let Some(core) = tag.core_suffix() {
-        format!("!!{core}")
-    } else {
-        tag.original()
+        return format!("!!{core}");
     }
+    let (handle, suffix) = tag.original_parts();
+    if handle.is_empty() && suffix == "!" {
+        // the non-specific tag `!`
+        return "!".to_owned();
+    }
+    match handle {
+        "!" | "!!" => format!("{handle}{}", escape_tag(suffix, "-#;/?:@&=+$_.~*'()")),
+        // verbatim, or a named handle: its `%TAG` directive is not written
+        // back, so the tag is written resolved
+        _ => {
+            let (prefix, suffix) = tag.parts();
+            let uri = format!("{prefix}{suffix}");
+            format!("!<{}>", escape_tag(&uri, "-#;/?:@&=+$,_.!~*'()[]"))
+        }
+    }
+}
+
+/// Percent-encodes every byte of `text` except ASCII letters, digits and
+/// `literal`.
+fn escape_tag(text: &str, literal: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() || literal.contains(c) {
+            out.push(c);
+        } else {
+            let mut bytes = [0u8; 4];
+            for b in c.encode_utf8(&mut bytes).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    out
 }
 
 fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
@@ -356,8 +390,33 @@ fn node_at_mut<'a>(root: &'a mut Node, path: &[Step]) -> Option<&'a mut Node> {
     Some(node)
 }
 
+/// The column a block sequence item starts at for its comments: its `-`,
+/// where the emitter writes its head and foot comments, not the column of
+/// the node after it (`- name: c` starts at the `n`).
+fn item_column(anchor: &Anchor, lines: &[&str]) -> usize {
+    if anchor.flow_root.is_some() || !matches!(anchor.path.last(), Some(Step::Item(_))) {
+        return anchor.col;
+    }
+    let Some(line) = anchor.line.checked_sub(1).and_then(|i| lines.get(i)) else {
+        return anchor.col;
+    };
+    let before: Vec<char> = line.chars().take(anchor.col).collect();
+    let blanks = before.iter().rev().take_while(|c| **c == ' ').count();
+    match before.len().checked_sub(blanks + 1) {
+        Some(dash) if before[dash] == '-' && blanks > 0 => dash,
+        _ => anchor.col,
+    }
+}
+
 fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>, text: &str) {
     let lines: Vec<&str> = text.lines().collect();
+    let anchors: Vec<Anchor> = anchors
+        .iter()
+        .map(|a| Anchor {
+            col: item_column(a, &lines),
+            ..a.clone()
+        })
+        .collect();
     for comment in comments {
         // Anchors are in source order: find the first one after the line.
         let after = anchors.partition_point(|a| a.line <= comment.line);
