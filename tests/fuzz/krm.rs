@@ -66,12 +66,12 @@ pub fn resourcelist(data: &[u8]) {
         decoded.function_config.is_some(),
         "{written}"
     );
-    for (before, after) in decoded.items.iter().zip(&again.items) {
+    for (i, (before, after)) in decoded.items.iter().zip(&again.items).enumerate() {
         if let Some(before_json) = plain(before) {
             assert_eq!(
                 plain(after).as_ref(),
                 Some(&before_json),
-                "an item changed on a round trip:\n{written}"
+                "item {i} changed on a round trip:\n{written}"
             );
         }
     }

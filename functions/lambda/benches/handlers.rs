@@ -140,20 +140,31 @@ fn apply(object: &mut Value, outcome: &Value) {
     }
 }
 
-/// One flow, `call(operation, pr, repository)` answering the Outcome.
-async fn flow<F, Fut>(repo: &Value, package: &str, call: F) -> Duration
+/// The operations of a flow, in order.
+const STEPS: [&str; 4] = ["source", "render", "propose", "publish"];
+
+/// One flow, `call(operation, pr, repository)` answering the Outcome: its
+/// time, and the time of each of [`STEPS`].
+async fn flow<F, Fut>(repo: &Value, package: &str, call: F) -> (Duration, [Duration; 4])
 where
     F: Fn(&'static str, Value) -> Fut,
     Fut: std::future::Future<Output = Value>,
 {
     let started = Instant::now();
+    let mut steps = [Duration::ZERO; 4];
     let mut pr = new_draft(package);
     let invocation = |op: &str, pr: &Value| json!({"operation": op, "requestId": format!("bench-{package}-{op}"), "repository": repo, "packageRevision": pr});
+    let step = Instant::now();
     let outcome = call("source", invocation("source", &pr)).await;
     apply(&mut pr, &outcome);
+    steps[0] = step.elapsed();
+    let step = Instant::now();
     let outcome = call("render", invocation("render", &pr)).await;
     apply(&mut pr, &outcome);
-    for (lifecycle, generation) in [("Proposed", 2), ("Published", 3)] {
+    steps[1] = step.elapsed();
+    for (i, (lifecycle, generation)) in [("Proposed", 2), ("Published", 3)].into_iter().enumerate()
+    {
+        let step = Instant::now();
         pr["spec"]["lifecycle"] = json!(lifecycle);
         pr["metadata"]["generation"] = json!(generation);
         if lifecycle == "Published" {
@@ -162,9 +173,25 @@ where
         }
         let outcome = call("lifecycle", invocation("lifecycle", &pr)).await;
         apply(&mut pr, &outcome);
+        steps[2 + i] = step.elapsed();
     }
     assert_eq!(pr["status"]["revision"], 1, "published: {pr}");
-    started.elapsed()
+    (started.elapsed(), steps)
+}
+
+/// The median of each step over `flows`, for stderr.
+fn step_medians(flows: &[[Duration; 4]]) -> String {
+    STEPS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            format!(
+                "{name} {}",
+                ms(median(flows.iter().map(|f| f[i]).collect()))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The baseline: the git CLI doing the same git work on a warm clone of
@@ -298,9 +325,13 @@ async fn in_process(repo: &Value, cache: &Path, label: &str) -> Duration {
     };
     flow(repo, &format!("{label}-warm"), call).await;
     let mut samples = Vec::new();
+    let mut steps = Vec::new();
     for i in 0..iterations() {
-        samples.push(flow(repo, &format!("{label}-{i}"), call).await);
+        let (total, each) = flow(repo, &format!("{label}-{i}"), call).await;
+        samples.push(total);
+        steps.push(each);
     }
+    eprintln!("{label}: {}", step_medians(&steps));
     median(samples)
 }
 
@@ -322,9 +353,13 @@ async fn over_http(repo: &Value, cache: &Path, label: &str) -> Duration {
     };
     flow(repo, &format!("{label}-warm"), call).await;
     let mut samples = Vec::new();
+    let mut steps = Vec::new();
     for i in 0..iterations() {
-        samples.push(flow(repo, &format!("{label}-{i}"), call).await);
+        let (total, each) = flow(repo, &format!("{label}-{i}"), call).await;
+        samples.push(total);
+        steps.push(each);
     }
+    eprintln!("{label}: {}", step_medians(&steps));
     drop(children);
     median(samples)
 }
@@ -374,7 +409,12 @@ async fn main() {
     // PORCH_BENCH_IN_PROCESS_ONLY=1: the in-process flows alone (for profiling)
     let in_process_only = std::env::var_os("PORCH_BENCH_IN_PROCESS_ONLY").is_some();
     let mut figures = Vec::new();
-    for n in [10usize, 10_000] {
+    // PORCH_BENCH_SIZES=10000: other repository sizes (profiling one)
+    let sizes: Vec<usize> = std::env::var("PORCH_BENCH_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10, 10_000]);
+    for &n in &sizes {
         let started = Instant::now();
         let bare = repository(root, n);
         eprintln!(
@@ -392,7 +432,7 @@ async fn main() {
         println!("| {n} | {} | {} | {} |", ms(local), ms(http), ms(cli));
         figures.push((local, http, cli));
     }
-    if in_process_only {
+    if in_process_only || figures.len() != 2 {
         return;
     }
     let ratio = |a: Duration, b: Duration| b.as_secs_f64() / a.as_secs_f64();

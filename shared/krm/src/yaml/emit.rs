@@ -203,9 +203,14 @@ impl Emitter {
         if !text.is_empty() {
             self.out.push(' ');
         }
+        // a block scalar's header, after the node's anchor and tag
+        let props = properties(value);
+        let block = text
+            .strip_prefix(props.as_str())
+            .is_some_and(|rest| rest.trim_start().starts_with(['|', '>']));
         match text.split_once('\n') {
             // A block scalar: the comment goes after its header.
-            Some((header, body)) if matches!(text.as_bytes().first(), Some(b'|' | b'>')) => {
+            Some((header, body)) if block => {
                 self.out.push_str(header);
                 self.line_comment(
                     value
@@ -749,6 +754,34 @@ mod tests {
         // a comment at the next item's dash stays its head comment
         let head = "l:\n  - a: 1\n  # about b\n  - b: 2\n";
         assert_eq!(round_trip(head).0, head);
+    }
+
+    #[test]
+    fn a_block_scalar_with_an_anchor_or_a_tag_keeps_its_line_breaks() {
+        // the header after `&a` was not recognised as a block scalar's, so
+        // a line break was added after its body, and `|+` kept it
+        for text in [
+            "items:\n- &a |2+\n\nb: 1\n",
+            "a: !!str |+\n  x\n\nb: 1\n",
+            "a: &x |-\n  y\nb: 1\n",
+        ] {
+            let (out, before, after) = round_trip(text);
+            assert_eq!(before, after, "{text:?} was written as {out:?}");
+            assert_eq!(out, text);
+        }
+        // CR line breaks read as line breaks, written as LF
+        let (out, before, after) = round_trip("items:\n- &a   |+\r\rr x:\n- b\n");
+        assert_eq!(before, after, "written as {out:?}");
+        assert_eq!(before["items"][0], "\n");
+    }
+
+    #[test]
+    fn an_empty_item_after_a_comment_keeps_the_comment_where_it_was_written() {
+        // an empty item's node is placed after the comment on its line;
+        // its dash is where its comments are written
+        let once = round_trip("k:\n- s:\n  # note\n- # after\n#x\n").0;
+        assert_eq!(round_trip(&once).0, once);
+        assert!(once.contains("  # note\n"), "{once:?}");
     }
 
     #[test]

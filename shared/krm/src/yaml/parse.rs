@@ -392,7 +392,8 @@ fn node_at_mut<'a>(root: &'a mut Node, path: &[Step]) -> Option<&'a mut Node> {
 
 /// The column a block sequence item starts at for its comments: its `-`,
 /// where the emitter writes its head and foot comments, not the column of
-/// the node after it (`- name: c` starts at the `n`).
+/// the node after it (`- name: c` starts at the `n`; an empty item, after
+/// the comment that follows its dash).
 fn item_column(anchor: &Anchor, lines: &[&str]) -> usize {
     if anchor.flow_root.is_some() || !matches!(anchor.path.last(), Some(Step::Item(_))) {
         return anchor.col;
@@ -400,7 +401,13 @@ fn item_column(anchor: &Anchor, lines: &[&str]) -> usize {
     let Some(line) = anchor.line.checked_sub(1).and_then(|i| lines.get(i)) else {
         return anchor.col;
     };
-    let before: Vec<char> = line.chars().take(anchor.col).collect();
+    let mut before: Vec<char> = line.chars().take(anchor.col).collect();
+    // an empty item (`- # note`) is placed after the comment on its line
+    if let Some(hash) =
+        (0..before.len()).find(|&i| before[i] == '#' && (i == 0 || before[i - 1] == ' '))
+    {
+        before.truncate(hash);
+    }
     let blanks = before.iter().rev().take_while(|c| **c == ' ').count();
     match before.len().checked_sub(blanks + 1) {
         Some(dash) if before[dash] == '-' && blanks > 0 => dash,
