@@ -112,7 +112,8 @@ pub async fn delete<R: Remote + 'static>(
             .git
             .as_ref()
             .map_or("", |g| g.repo.as_str());
-        let users: Vec<String> = invocation
+        // each downstream once, in name order, however often it is listed
+        let users: std::collections::BTreeSet<String> = invocation
             .related
             .iter()
             .filter(|other| {
@@ -136,7 +137,7 @@ pub async fn delete<R: Remote + 'static>(
                 "DeletionBlocked",
                 format!(
                     "cannot delete package revision, it is referenced as upstream by: {}",
-                    users.join(", ")
+                    users.into_iter().collect::<Vec<_>>().join(", ")
                 ),
             ));
             // nothing changes until a user goes: look again later

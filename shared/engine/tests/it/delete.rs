@@ -113,9 +113,17 @@ async fn published_revisions_go_only_through_a_deletion_proposal() -> anyhow::Re
         git.repo = format!("{url}.git");
     }
     let mut blocked_here = deleting(Lifecycle::DeletionProposed, 1);
-    blocked_here.related = vec![other];
+    // listed twice (an Invocation may repeat a revision): named once
+    blocked_here.related = vec![other.clone(), other];
     let outcome = delete(&blocked_here, &repo.mirror, &now()).await?;
     assert!(outcome.patches.is_empty(), "blocked by a lock on this URL");
+    assert!(
+        outcome.events[0]
+            .message
+            .ends_with("referenced as upstream by: deploy.down.v1"),
+        "{}",
+        outcome.events[0].message
+    );
     let outcome = delete(&elsewhere, &repo.mirror, &now()).await?;
     assert!(releases(&outcome), "{:?}", outcome.events);
     assert!(!refs(&repo).contains(&"refs/tags/app/v1".to_owned()));
