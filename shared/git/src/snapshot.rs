@@ -214,9 +214,10 @@ impl Manifest {
 #[serde(rename_all = "camelCase")]
 struct LocalState {
     etag: String,
+    /// The snapshot's refs are this manifest's, resolved against its base
+    /// (kept beside the mirror and in memory): the state does not list
+    /// them again, so writing it costs the same at 10 or 10,000 packages.
     manifest: Manifest,
-    /// The manifest's refs resolved against its base.
-    refs: BTreeMap<String, String>,
     /// The refs the mirror had when it was last in step with the snapshot
     /// (changes since then are this process's to save); absent when they
     /// are the snapshot's.
@@ -236,6 +237,7 @@ fn from_hex_map(map: &BTreeMap<String, String>) -> BTreeMap<String, ObjectId> {
 }
 
 impl LocalState {
+    /// `refs` are what `manifest` lists (resolved), `synced` the mirror's.
     fn new(
         etag: &ETag,
         manifest: &Manifest,
@@ -243,24 +245,22 @@ impl LocalState {
         synced: &BTreeMap<String, ObjectId>,
         mut held: BTreeSet<String>,
     ) -> Self {
-        let refs = hex_map(refs);
-        let synced = hex_map(synced);
         held.retain(|p| manifest.packs.contains(p));
         Self {
             etag: etag.0.clone(),
-            synced_refs: (synced != refs).then_some(synced),
-            refs,
+            synced_refs: (synced != refs).then(|| hex_map(synced)),
             manifest: manifest.clone(),
             held_packs: held,
         }
     }
 
-    fn refs(&self) -> BTreeMap<String, ObjectId> {
-        from_hex_map(&self.refs)
-    }
-
-    fn synced(&self) -> BTreeMap<String, ObjectId> {
-        from_hex_map(self.synced_refs.as_ref().unwrap_or(&self.refs))
+    /// The mirror's refs when last in step: `refs` (the snapshot's) unless
+    /// they differed.
+    fn synced(&self, refs: &BTreeMap<String, ObjectId>) -> BTreeMap<String, ObjectId> {
+        match &self.synced_refs {
+            Some(synced) => from_hex_map(synced),
+            None => refs.clone(),
+        }
     }
 }
 
@@ -479,8 +479,8 @@ impl<S: ObjectStore> Snapshots<S> {
             Fetched::Missing => return Ok(LoadOutcome::Missing),
             Fetched::NotModified => match state {
                 Some(state) => {
-                    let refs = state.refs();
-                    (state.manifest, ETag(state.etag), 0, refs)
+                    let (refs, read) = self.resolve(&state.manifest).await?;
+                    (state.manifest, ETag(state.etag), read, refs)
                 }
                 None => return Err(self.corrupt("not modified, but never loaded")),
             },
@@ -779,9 +779,12 @@ impl<S: ObjectStore> Snapshots<S> {
         })
         .await
         .map_err(|e| SnapshotError::Task(e.to_string()))??;
+        let base = match &state {
+            Some(state) => self.resolve(&state.manifest).await?.0,
+            None => BTreeMap::new(),
+        };
         let synced: BTreeMap<String, ObjectId> =
-            state.as_ref().map(LocalState::synced).unwrap_or_default();
-        let base = state.as_ref().map(LocalState::refs).unwrap_or_default();
+            state.as_ref().map(|s| s.synced(&base)).unwrap_or_default();
         // our changes since the mirror was last in step with the snapshot
         let mut changes: BTreeMap<String, Option<ObjectId>> = BTreeMap::new();
         for (name, id) in &ours {
@@ -813,10 +816,7 @@ impl<S: ObjectStore> Snapshots<S> {
             .await?;
         let mut bytes_written = uploaded.as_ref().map_or(0, |(_, n)| *n);
 
-        let mut current = state.map(|s| {
-            let refs = s.refs();
-            (s.manifest, ETag(s.etag), refs)
-        });
+        let mut current = state.map(|s| (s.manifest, ETag(s.etag), base.clone()));
         let mut merges = 0;
         for _ in 0..SAVE_ATTEMPTS {
             let (mut manifest, condition, mut refs) = match &current {
@@ -1046,7 +1046,6 @@ impl<S: ObjectStore> Snapshots<S> {
             self.write_state(&LocalState {
                 etag: object.etag.0,
                 manifest,
-                refs: BTreeMap::new(),
                 synced_refs: None,
                 held_packs: BTreeSet::new(),
             })?;

@@ -508,6 +508,22 @@ async fn many_refs_live_in_a_base_and_saves_write_only_changes() {
         vec!["refs/heads/drafts/c/more"]
     );
 
+    // the local state does not list the refs again: its size does not
+    // grow with them, and a restarted process (same mirror, empty memory)
+    // resolves them from the base kept beside the mirror, reading nothing
+    let state = std::fs::metadata(writer.mirror().join("porch-snapshot.json"))
+        .expect("state file")
+        .len();
+    assert!(state < 8 * 1024, "state of {state} bytes");
+    let restarted = Snapshots::new(store.clone(), KEY, writer.mirror()).expect("restarted");
+    let LoadOutcome::Loaded(loaded) = restarted.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(loaded.bytes_read, 0);
+    assert_eq!(show_refs(writer.mirror()), show_refs(&up));
+    let saved = restarted.save(remote.url()).await.expect("save");
+    assert_eq!(saved.bytes_written, 0, "nothing moved: nothing written");
+
     // a reader that had the previous manifest reads only the small new one
     let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
     reader.load().await.expect("first load");
