@@ -811,12 +811,19 @@ impl<S: ObjectStore> Snapshots<S> {
             });
         }
         let known: Vec<ObjectId> = base.values().chain(synced.values()).copied().collect();
-        let uploaded = self
+        let mut uploaded = self
             .upload_pack(ours.values().copied().collect(), known, overwrite)
             .await?;
         let mut bytes_written = uploaded.as_ref().map_or(0, |(_, n)| *n);
 
         let mut current = state.map(|s| (s.manifest, ETag(s.etag), base.clone()));
+        // the packs our pack's "already in the snapshot" relied on, and
+        // packs of ours a later one replaced
+        let mut based_on: Vec<String> = current
+            .as_ref()
+            .map(|(m, _, _)| m.packs.clone())
+            .unwrap_or_default();
+        let mut superseded: Vec<String> = Vec::new();
         let mut merges = 0;
         for _ in 0..SAVE_ATTEMPTS {
             let (mut manifest, condition, mut refs) = match &current {
@@ -870,6 +877,14 @@ impl<S: ObjectStore> Snapshots<S> {
                 && !manifest.packs.contains(pack)
             {
                 manifest.packs.push(pack.clone());
+            }
+            for pack in &superseded {
+                if !manifest.retired.iter().any(|r| &r.pack == pack) {
+                    manifest.retired.push(RetiredPack {
+                        pack: pack.clone(),
+                        since: now(),
+                    });
+                }
             }
             let listed = manifest.packs.clone();
             manifest.retired.retain(|r| !listed.contains(&r.pack));
@@ -950,6 +965,29 @@ impl<S: ObjectStore> Snapshots<S> {
                     if let Some((theirs, _, _)) = &mut current {
                         // their packs stay; ours is added above
                         theirs.retired.retain(|r| !theirs.packs.contains(&r.pack));
+                    }
+                    // Compacted meanwhile (or gone): what our pack left out
+                    // as already in the snapshot may now be only in packs
+                    // the manifest no longer lists. Packed again against
+                    // what it does list.
+                    let relisted = match &current {
+                        Some((theirs, _, their_refs)) => {
+                            based_on.iter().any(|p| !theirs.packs.contains(p)).then(|| {
+                                (theirs.packs.clone(), their_refs.values().copied().collect())
+                            })
+                        }
+                        None => Some((Vec::new(), Vec::new())),
+                    };
+                    if let Some((packs, known)) = relisted {
+                        let tips: Vec<ObjectId> = changes.values().flatten().copied().collect();
+                        let redone = self.upload_pack(tips, known, overwrite).await?;
+                        bytes_written += redone.as_ref().map_or(0, |(_, n)| *n);
+                        if let Some((old, _)) = std::mem::replace(&mut uploaded, redone)
+                            && uploaded.as_ref().is_none_or(|(new, _)| *new != old)
+                        {
+                            superseded.push(old);
+                        }
+                        based_on = packs;
                     }
                 }
                 Err(e) => return Err(e.into()),

@@ -570,3 +570,73 @@ async fn many_refs_live_in_a_base_and_saves_write_only_changes() {
     assert!(after.retired_bases.iter().any(|r| r.pack == old_base));
     assert_eq!(show_refs(cold.mirror()), show_refs(&up));
 }
+
+#[tokio::test]
+async fn a_save_that_loses_the_race_to_a_compaction_still_lists_every_object() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (store, up, remote, writer) = prepared(root.path(), "w").await;
+    let other = Snapshots::new(store.clone(), KEY, root.path().join("o")).expect("o");
+    other.load().await.expect("load");
+
+    // the writer adds a file to the draft `a/ws`: its pack leaves out the
+    // draft's other files, which the snapshot it loaded has
+    let mirror = mirror_of(writer.mirror(), &up);
+    let edited = mirror
+        .apply(|repo| {
+            Packages {
+                repo,
+                layout: RepoLayout::new("", "main"),
+            }
+            .replace_draft_content(
+                "a",
+                "ws",
+                &Files::from([
+                    ("Kptfile".to_owned(), b"kind: Kptfile\nname: a\n".to_vec()),
+                    ("cm.yaml".to_owned(), b"x: 1\n".to_vec()),
+                    ("extra.yaml".to_owned(), b"y: 2\n".to_vec()),
+                ]),
+                Task {
+                    type_: TaskType::Init,
+                    ..Default::default()
+                },
+                &Actor {
+                    uid: "u-edit".into(),
+                    generation: 2,
+                    author: Identity::of_user("bob@example.com"),
+                    time: 1_795_000_000,
+                },
+            )
+        })
+        .await
+        .expect("edit")
+        .value;
+
+    // meanwhile another process drops that draft and compacts the
+    // snapshot: the draft's old files are in no listed pack any more
+    git(&up, &["update-ref", "-d", "refs/heads/drafts/a/ws"]);
+    let others = mirror_of(other.mirror(), &up);
+    let mut compacted = false;
+    for i in 0..=COMPACT_AT {
+        others
+            .apply(draft(&format!("o{i}"), &format!("o{i}")))
+            .await
+            .expect("draft");
+        compacted |= other.save(remote.url()).await.expect("save").compacted;
+    }
+    assert!(compacted);
+
+    // the writer's save merges into the compacted manifest
+    let saved = writer.save(remote.url()).await.expect("save");
+    assert!(saved.merges > 0);
+    let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
+    reader.load().await.expect("load");
+    let files = GitRepo::open(reader.mirror())
+        .expect("open")
+        .read_files(edited, "a")
+        .expect("every file of the edited draft is in the snapshot");
+    assert_eq!(
+        files.get("cm.yaml").map(Vec::as_slice),
+        Some(&b"x: 1\n"[..])
+    );
+    fsck(reader.mirror());
+}
