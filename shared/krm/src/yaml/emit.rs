@@ -33,27 +33,40 @@ impl SeqIndent {
         }
     }
 
-    /// The style of a document's text: that of its first block sequence
-    /// under a key (compact when there is none), as kyaml derives it.
+    /// The style of a document's text, as kyaml derives it: that of the
+    /// first block sequence item whose key line (the line above it,
+    /// comment lines skipped, a trailing comment dropped) ends in `:` at
+    /// the same indent (compact) or two less (wide); compact when none is.
     pub fn derive(text: &str) -> Self {
         let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate().skip(1) {
-            let trimmed = line.trim_start_matches(' ');
-            if !(trimmed.starts_with("- ") || trimmed == "-") {
+        for (i, line) in lines.iter().enumerate() {
+            let Some((spaces, _)) = line.split_once("- ") else {
+                continue;
+            };
+            if !spaces.chars().all(|c| c == ' ') {
                 continue;
             }
-            let prev = lines[i - 1];
-            let prev_trimmed = prev.trim_start_matches(' ');
-            let key_part = prev_trimmed.split(" #").next().unwrap_or("").trim_end();
-            if !key_part.ends_with(':') {
+            let Some(key_line) = lines[..i]
+                .iter()
+                .rev()
+                .find(|l| !l.trim_matches(' ').starts_with('#'))
+                .map(|l| l.split('#').next().unwrap_or(""))
+            else {
+                continue;
+            };
+            let key = key_line.trim_matches(' ');
+            // kyaml also wants a single `:` on the line; a key written after
+            // an anchor ending in `:` (`k: &a:`) would then change the style
+            // of a document each time it is written
+            if !key.ends_with(':') {
                 continue;
             }
-            let indent = line.len() - trimmed.len();
-            let prev_indent = prev.len() - prev_trimmed.len();
-            if indent == prev_indent + 2 {
-                return SeqIndent::Wide;
+            let key_indent = key_line.len() - key_line.trim_start_matches(' ').len();
+            match spaces.len().checked_sub(key_indent) {
+                Some(0) => return SeqIndent::Compact,
+                Some(2) => return SeqIndent::Wide,
+                _ => {}
             }
-            return SeqIndent::Compact;
         }
         SeqIndent::Compact
     }
@@ -782,6 +795,25 @@ mod tests {
         let once = round_trip("k:\n- s:\n  # note\n- # after\n#x\n").0;
         assert_eq!(round_trip(&once).0, once);
         assert!(once.contains("  # note\n"), "{once:?}");
+    }
+
+    #[test]
+    fn the_sequence_indent_is_derived_as_kyaml_does() {
+        // `#ontainers:` looks like a key; the items are indented under
+        // `spec:`, so the document is wide
+        let text = "spec:\n  #ontainers:\n    - name: c\n      ports:\n        - 1\n";
+        assert_eq!(SeqIndent::derive(text), SeqIndent::Wide);
+        assert_eq!(SeqIndent::derive("a:\n  # c\n  - x\n"), SeqIndent::Wide);
+        assert_eq!(SeqIndent::derive("a:\n# c\n- x\n"), SeqIndent::Compact);
+        // a blank line is no key line
+        assert_eq!(SeqIndent::derive("a:\n\n  - x\n"), SeqIndent::Compact);
+        // a key after an anchor ending in `:` keeps the style it was read in
+        let anchored = "p:\n  &a:\n    - x\n";
+        let once = round_trip(anchored).0;
+        assert_eq!(once, "p: &a:\n  - x\n");
+        assert_eq!(round_trip(&once).0, once);
+        let once = round_trip(text).0;
+        assert_eq!(round_trip(&once).0, once);
     }
 
     #[test]
