@@ -191,6 +191,10 @@ impl RemoteError {
                 reason.contains("unable to migrate objects")
                     || reason.contains("stale file handle")
                     || reason.contains("broken pipe")
+                    // over stateless HTTP a ref moved between the
+                    // advertisement and the request: a new fetch reads a
+                    // new advertisement
+                    || reason.contains("not our ref")
             }
             Self::Rejected { refs, .. } => refs.iter().any(|(_, r)| match r {
                 RefRejection::HookDeclined => true,

@@ -618,6 +618,20 @@ async fn unreachable_remote_is_transient() {
     assert!(err.is_transient(), "{err:?}");
 }
 
+#[test]
+fn a_want_that_moved_since_the_advertisement_is_retried() {
+    let moved = RemoteError::Server {
+        url: "http://git.example.com/repo.git".into(),
+        message: "upload-pack: not our ref 4b825dc642cb6eb9a060e54bf8d69288fbee4904".into(),
+    };
+    assert!(moved.is_transient(), "{moved}");
+    let other = RemoteError::Server {
+        url: "http://git.example.com/repo.git".into(),
+        message: "upload-pack: repository is corrupt".into(),
+    };
+    assert!(!other.is_transient(), "{other}");
+}
+
 /// Hostile ref names never reach the wire.
 #[tokio::test]
 async fn bad_ref_updates_are_refused_before_connecting() {
