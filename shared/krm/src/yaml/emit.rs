@@ -167,6 +167,9 @@ impl Emitter {
             if needs_complex_key(key) {
                 self.out.push('?');
                 self.value(key, &Node::null(), indent, indent + 2);
+                // a comment between the key and its `:` is read as the
+                // value's head
+                self.comments(&value.head_comment, indent);
                 pad(&mut self.out, indent);
                 self.out.push(':');
                 self.value(value, &Node::null(), indent, indent + 2);
@@ -813,6 +816,15 @@ mod tests {
         assert_eq!(once, "p: &a:\n  - x\n");
         assert_eq!(round_trip(&once).0, once);
         let once = round_trip(text).0;
+        assert_eq!(round_trip(&once).0, once);
+    }
+
+    #[test]
+    fn a_comment_between_a_complex_key_and_its_colon_is_kept() {
+        // read as the head of the value, which was not written: the comment
+        // was lost on the second write
+        let once = round_trip("a: 1\n? - b\n  # foo\n").0;
+        assert_eq!(once, "a: 1\n?\n- b\n# foo\n:\n");
         assert_eq!(round_trip(&once).0, once);
     }
 
