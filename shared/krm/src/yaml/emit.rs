@@ -823,9 +823,13 @@ mod tests {
     fn a_comment_between_a_complex_key_and_its_colon_is_kept() {
         // read as the head of the value, which was not written: the comment
         // was lost on the second write
-        let once = round_trip("a: 1\n? - b\n  # foo\n").0;
+        let write = |text: &str| {
+            let docs = parse_documents(text).expect("parses");
+            emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))))
+        };
+        let once = write("a: 1\n? - b\n  # foo\n");
         assert_eq!(once, "a: 1\n?\n- b\n# foo\n:\n");
-        assert_eq!(round_trip(&once).0, once);
+        assert_eq!(write(&once), once);
     }
 
     #[test]
