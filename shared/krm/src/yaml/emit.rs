@@ -89,10 +89,22 @@ pub fn emit_document(root: &Node, seq: SeqIndent) -> String {
             e.sequence(items, 0, false);
         }
         _ => {
-            let text = e.inline(root, 0, false);
-            e.out.push_str(&text);
-            e.line_comment(root.line_comment.as_deref());
-            e.out.push('\n');
+            // a block scalar's body indented, or a comment after it at
+            // column 0 would be read as more of its lines
+            let text = e.inline(root, 2, false);
+            match text.split_once('\n') {
+                Some((header, body)) if is_block_scalar(root, &text) => {
+                    e.out.push_str(header);
+                    e.line_comment(root.line_comment.as_deref());
+                    e.out.push('\n');
+                    e.out.push_str(body);
+                }
+                _ => {
+                    e.out.push_str(&text);
+                    e.line_comment(root.line_comment.as_deref());
+                    e.out.push('\n');
+                }
+            }
         }
     }
     e.comments(&root.foot_comment, 0);
@@ -118,6 +130,13 @@ struct Emitter {
 
 fn pad(out: &mut String, n: usize) {
     out.extend(std::iter::repeat_n(' ', n));
+}
+
+/// Whether `text`, what [`Emitter::inline`] wrote for `node`, is a block
+/// scalar: its header (`|`, `>`) after the node's anchor and tag.
+fn is_block_scalar(node: &Node, text: &str) -> bool {
+    text.strip_prefix(properties(node).as_str())
+        .is_some_and(|rest| rest.trim_start().starts_with(['|', '>']))
 }
 
 fn is_block_collection(node: &Node) -> bool {
@@ -219,14 +238,9 @@ impl Emitter {
         if !text.is_empty() {
             self.out.push(' ');
         }
-        // a block scalar's header, after the node's anchor and tag
-        let props = properties(value);
-        let block = text
-            .strip_prefix(props.as_str())
-            .is_some_and(|rest| rest.trim_start().starts_with(['|', '>']));
         match text.split_once('\n') {
             // A block scalar: the comment goes after its header.
-            Some((header, body)) if block => {
+            Some((header, body)) if is_block_scalar(value, &text) => {
                 self.out.push_str(header);
                 self.line_comment(
                     value
@@ -830,6 +844,16 @@ mod tests {
         let once = write("a: 1\n? - b\n  # foo\n");
         assert_eq!(once, "a: 1\n?\n- b\n# foo\n:\n");
         assert_eq!(write(&once), once);
+    }
+
+    #[test]
+    fn a_document_that_is_a_block_scalar_keeps_its_foot_comment_apart() {
+        // written at column 0, the body took the comment after it in
+        let (once, before, after) = round_trip("a\r\rb\r\n# c\n");
+        assert_eq!(before, "a\nb");
+        assert_eq!(after, before, "written as {once:?}");
+        assert_eq!(once, "|-\n  a\n  b\n# c\n");
+        assert_eq!(round_trip(&once).0, once);
     }
 
     #[test]
