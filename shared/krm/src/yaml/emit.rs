@@ -179,19 +179,22 @@ impl Emitter {
 
     fn mapping(&mut self, entries: &[(Node, Node)], indent: usize, inline_first: bool) {
         for (i, (key, value)) in entries.iter().enumerate() {
+            let complex = needs_complex_key(key);
             if !(inline_first && i == 0) {
                 self.comments(&key.head_comment, indent);
+                if complex {
+                    self.comments(explicit_line_comment(key), indent);
+                }
                 pad(&mut self.out, indent);
             }
-            if needs_complex_key(key) {
-                self.out.push('?');
-                self.value(key, &Node::null(), indent, indent + 2);
+            if complex {
+                self.explicit('?', key, indent);
                 // a comment between the key and its `:` is read as the
                 // value's head
                 self.comments(&value.head_comment, indent);
+                self.comments(explicit_line_comment(value), indent);
                 pad(&mut self.out, indent);
-                self.out.push(':');
-                self.value(value, &Node::null(), indent, indent + 2);
+                self.explicit(':', value, indent);
             } else {
                 let key_text = self.inline(key, indent, true);
                 self.out.push_str(&key_text);
@@ -201,6 +204,21 @@ impl Emitter {
             self.comments(&key.foot_comment, indent);
             self.comments(&value.foot_comment, indent);
         }
+    }
+
+    /// One half of an explicit entry, `? key` or `: value`, after its head
+    /// comments and [`explicit_line_comment`] were written on the lines
+    /// above: a comment written again after the indicator would be read
+    /// back as a second head comment, and one after a bare indicator (the
+    /// line of a block collection) would not be read back at all.
+    fn explicit(&mut self, indicator: char, node: &Node, indent: usize) {
+        self.out.push(indicator);
+        let mut bare = node.clone();
+        bare.head_comment.clear();
+        if is_block_collection(node) {
+            bare.line_comment = None;
+        }
+        self.value(&bare, &Node::null(), indent, indent + 2);
     }
 
     /// A mapping value or sequence item after its `key:` / `-`.
@@ -285,8 +303,16 @@ impl Emitter {
                     }
                 }
                 Value::Sequence(children) if is_block_collection(item) => {
+                    let props = properties(item);
                     self.out.push(' ');
-                    self.sequence(children, indent + 2, true);
+                    if props.is_empty() {
+                        self.sequence(children, indent + 2, true);
+                    } else {
+                        self.out.push_str(&props);
+                        self.line_comment(item.line_comment.as_deref());
+                        self.out.push('\n');
+                        self.sequence(children, indent + 2, false);
+                    }
                 }
                 _ => {
                     let empty_key = Node::null();
@@ -311,6 +337,15 @@ impl Emitter {
         }
         out.push_str(&body);
         out
+    }
+}
+
+/// The line comment of a block collection in an explicit entry, which is
+/// written above its `?` or `:` as one more head comment.
+fn explicit_line_comment(node: &Node) -> &[String] {
+    match &node.line_comment {
+        Some(comment) if is_block_collection(node) => std::slice::from_ref(comment),
+        _ => &[],
     }
 }
 
@@ -854,6 +889,51 @@ mod tests {
         assert_eq!(after, before, "written as {once:?}");
         assert_eq!(once, "|-\n  a\n  b\n# c\n");
         assert_eq!(round_trip(&once).0, once);
+    }
+
+    #[test]
+    fn explicit_entries_keep_their_comments_and_write_the_same_twice() {
+        let write = |text: &str| {
+            let docs = parse_documents(text).expect("parses");
+            let json: Vec<_> = docs.iter().map(|d| to_json(&d.root).ok()).collect();
+            let out = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
+            (out, json)
+        };
+        let long = "k".repeat(130);
+        for text in [
+            // the fuzz finding: a block mapping key after a head comment
+            "m:\n  a: 1 # c\n  # before\n  ? bels: {a: b}\n\nd: 1\n",
+            "? a\n# c\n:\n  x: 1\n",
+            "? # c\n  a: b\n: v\n",
+            "? &k # c\n  a: b\n: # d\n  x: 1\n",
+            "? - a # c\n  - b\n# d\n: - x\n",
+            "- ? a: b\n  : c\n",
+            "- x: 1\n  # c\n  ? a: b\n  # d\n  : c # e\n",
+            "? |\n  multi\n  line\n: v # c\n",
+            "? a: b\n  # foot\n: v\n# after\n",
+            "? a:\n    ? b: c\n    # d\n    : e\n: f\n",
+            &format!("# h\n? {long} # c\n# d\n: v # e\n"),
+            // after a bare indicator: kept as a head comment
+            "- &a # c\n  x: 1\n",
+            "- - # c\n    x: 1\n",
+            "k:\n- - - # c\n      x: 1\n",
+            "&r # c\nx: 1\n",
+            // an item that is a sequence keeps its anchor and tag
+            "- &a # c\n  - x\n- *a\n",
+            "- !!seq\n  - x: 1\n",
+        ] {
+            let (once, before) = write(text);
+            let (twice, after) = write(&once);
+            assert_eq!(after, before, "{text:?} was written as {once:?}");
+            assert_eq!(twice, once, "{text:?} changed on a second write");
+            for comment in text.split('#').skip(1) {
+                let comment = comment.split('\n').next().unwrap_or_default();
+                assert!(
+                    once.contains(&format!("#{comment}\n")),
+                    "{text:?} lost #{comment}: {once:?}"
+                );
+            }
+        }
     }
 
     #[test]

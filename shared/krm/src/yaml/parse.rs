@@ -415,6 +415,17 @@ fn item_column(anchor: &Anchor, lines: &[&str]) -> usize {
     }
 }
 
+/// A block mapping or sequence with no anchor or tag: its first line is
+/// that of its first entry.
+fn is_bare_block_collection(node: &Node) -> bool {
+    let filled = match &node.value {
+        Value::Mapping(entries) => !entries.is_empty(),
+        Value::Sequence(items) => !items.is_empty(),
+        _ => false,
+    };
+    filled && node.style != Style::Flow && node.anchor.is_none() && !node.explicit_tag
+}
+
 fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>, text: &str) {
     let lines: Vec<&str> = text.lines().collect();
     let anchors: Vec<Anchor> = anchors
@@ -430,12 +441,29 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
         if comment.right {
             // The last node starting on the comment's line, or the flow
             // collection around it.
-            let Some(anchor) = anchors[..after].last().filter(|a| a.line == comment.line) else {
-                continue;
-            };
-            let path = anchor.flow_root.as_ref().unwrap_or(&anchor.path);
-            if let Some(node) = node_at_mut(root, path) {
-                node.line_comment = Some(comment.text);
+            let on_line =
+                &anchors[..after][anchors[..after].partition_point(|a| a.line < comment.line)..];
+            if let Some(anchor) = on_line.last() {
+                let path = anchor.flow_root.as_ref().unwrap_or(&anchor.path);
+                if let Some(node) = node_at_mut(root, path)
+                    && !is_bare_block_collection(node)
+                {
+                    node.line_comment = Some(comment.text);
+                    continue;
+                }
+            }
+            // After a bare indicator (`?`, `:`, `-`): a block collection
+            // without properties has no line of its own to carry it, so it
+            // is the head of the first entry on its line, or else of the
+            // node after it, where it is written back.
+            let owner = on_line
+                .iter()
+                .find(|a| a.entry && a.flow_root.is_none())
+                .or_else(|| anchors.get(after).filter(|a| a.flow_root.is_none()));
+            if let Some(owner) = owner
+                && let Some(node) = node_at_mut(root, &owner.path)
+            {
+                node.head_comment.push(comment.text);
             }
             continue;
         }
