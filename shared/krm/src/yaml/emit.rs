@@ -937,6 +937,27 @@ mod tests {
     }
 
     #[test]
+    fn a_lone_carriage_return_breaks_lines_and_ends_documents() {
+        // read as one chunk, the empty document after `---` replaced the
+        // scalar before it
+        let docs = parse_documents("apiVm\r\r|-\r---\rb: 1\r").expect("parses");
+        let roots: Vec<_> = docs
+            .iter()
+            .map(|d| to_json(&d.root).expect("JSON"))
+            .collect();
+        assert_eq!(
+            roots,
+            [serde_json::json!("apiVm\n|-"), serde_json::json!({"b": 1})]
+        );
+        let (once, before, after) = round_trip("apiVm\r\r|-\r");
+        assert_eq!(after, before, "written as {once:?}");
+        assert_eq!(round_trip(&once).0, once);
+        // two documents in what is read as one are refused, not merged
+        let err = parse_documents("a\n...\nb\n").expect_err("a second document");
+        assert!(err.to_string().contains("document separator"), "{err}");
+    }
+
+    #[test]
     fn a_null_in_a_flow_collection_stays_null() {
         for text in [
             "a: {x: 1, b, c: 2}\n",

@@ -31,7 +31,9 @@ pub struct Document {
 /// # Errors
 /// Syntax errors (with the file line), duplicate keys, text after `---`.
 pub fn parse_documents(text: &str) -> Result<Vec<Document>, YamlError> {
-    let text = text.replace("\r\n", "\n");
+    // a line break is CR LF, LF or a lone CR, each read as LF (YAML 1.2
+    // §5.4); a separator after a lone CR is a separator too
+    let text = text.replace("\r\n", "\n").replace('\r', "\n");
     let mut documents = Vec::new();
     for (line, chunk) in split_documents(&text)? {
         if let Some(root) = parse_one(&chunk, line)? {
@@ -204,6 +206,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
     let mut pending: Option<Node> = None;
     let mut last = Last::Other;
     let mut flow_depth_root: Option<Vec<Step>> = None;
+    let mut documents = 0;
 
     let syntax = |line: usize, message: String| YamlError::Syntax {
         line: first_line + line.saturating_sub(1),
@@ -238,6 +241,17 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
                 right: matches!(placement, Placement::Right),
             });
             continue;
+        }
+        if let Event::DocumentStart(..) = &event {
+            // the chunk was split at every separator: a second document
+            // here would replace the first, not follow it
+            documents += 1;
+            if documents > 1 {
+                return Err(syntax(
+                    line,
+                    "a document separator not at the start of a line".into(),
+                ));
+            }
         }
         if let Some(node) = pending.take() {
             insert(&mut stack, &mut root, node, first_line)?;
