@@ -40,7 +40,13 @@ impl SeqIndent {
     pub fn derive(text: &str) -> Self {
         let lines: Vec<&str> = text.lines().collect();
         for (i, line) in lines.iter().enumerate() {
-            let Some((spaces, _)) = line.split_once("- ") else {
+            // an empty item is written as a bare `-`: counted too, or a
+            // document whose first item is empty would change style
+            let Some(spaces) = line
+                .split_once("- ")
+                .map(|(spaces, _)| spaces)
+                .or_else(|| line.strip_suffix('-'))
+            else {
                 continue;
             };
             if !spaces.chars().all(|c| c == ' ') {
@@ -934,6 +940,15 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_sequence_whose_first_item_is_empty_keeps_its_indent() {
+        let text = "a:\n  b:\n    - \nc: 1\n";
+        let (once, before, after) = round_trip(text);
+        assert_eq!(once, "a:\n  b:\n    -\nc: 1\n");
+        assert_eq!(after, before);
+        assert_eq!(round_trip(&once).0, once);
     }
 
     #[test]
