@@ -919,10 +919,8 @@ mod tests {
             "? a: b\n  # foot\n: v\n# after\n",
             "? a:\n    ? b: c\n    # d\n    : e\n: f\n",
             &format!("# h\n? {long} # c\n# d\n: v # e\n"),
-            // after a bare indicator: kept as a head comment
+            // after properties: kept as a head comment
             "- &a # c\n  x: 1\n",
-            "- - # c\n    x: 1\n",
-            "k:\n- - - # c\n      x: 1\n",
             "&r # c\nx: 1\n",
             // an item that is a sequence keeps its anchor and tag
             "- &a # c\n  - x\n- *a\n",
@@ -939,6 +937,31 @@ mod tests {
                     "{text:?} lost #{comment}: {once:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_comment_after_a_bare_dash_stays_off_the_item() {
+        // kyaml writes a resource's head comment after the dash of its
+        // ResourceList item; read as the item's head, kpt would copy the
+        // input's comment in beside it after each function
+        for text in [
+            "items:\n- # The web tier.\n  apiVersion: v1\n",
+            "items:\n- a: 1\n- # The web tier.\n  apiVersion: v1\n",
+            "- - # c\n    x: 1\n",
+            "k:\n- - - # c\n      x: 1\n",
+        ] {
+            let docs = parse_documents(text).expect("parses");
+            let out = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
+            assert!(
+                !out.lines().any(|l| l.trim_start().starts_with('#')),
+                "{text:?} was written as {out:?}"
+            );
+            assert_eq!(
+                round_trip(&out).0,
+                out,
+                "{text:?} changed on a second write"
+            );
         }
     }
 

@@ -457,16 +457,28 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
             // collection around it.
             let on_line =
                 &anchors[..after][anchors[..after].partition_point(|a| a.line < comment.line)..];
+            // After a bare `-` (`- # note` above an item's first key), the
+            // comment stays with the node on its line, if any: kyaml
+            // writes a resource's head comment there in a ResourceList, and
+            // keeping it off the item keeps kpt from copying it back in
+            // beside one already there.
+            let after_dash = lines
+                .get(comment.line.wrapping_sub(1))
+                .map(|l| l.chars().take(comment.col).collect::<String>())
+                .is_some_and(|before| before.trim_end().ends_with('-'));
             if let Some(anchor) = on_line.last() {
                 let path = anchor.flow_root.as_ref().unwrap_or(&anchor.path);
                 if let Some(node) = node_at_mut(root, path)
-                    && !is_bare_block_collection(node)
+                    && (after_dash || !is_bare_block_collection(node))
                 {
                     node.line_comment = Some(comment.text);
                     continue;
                 }
             }
-            // After a bare indicator (`?`, `:`, `-`): a block collection
+            if after_dash {
+                continue;
+            }
+            // After a bare `?` or `:`, or properties: a block collection
             // without properties has no line of its own to carry it, so it
             // is the head of the first entry on its line, or else of the
             // node after it, where it is written back.
