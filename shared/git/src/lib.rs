@@ -14,6 +14,8 @@
 //!   advertisement, side-band, report-status) parsed from untrusted input;
 //! * [`store`]: object stores with S3's conditional-write semantics (the
 //!   local directory store; S3 comes with the snapshot);
+//! * [`listing`]: every branch and tag of a repository, its `packed-refs`
+//!   parse kept while the file stays the same;
 //! * [`repo`]: repository access with gix (objects, package trees,
 //!   compare-and-swap ref updates), isolated from user configuration.
 
@@ -22,6 +24,7 @@ pub mod discovery;
 pub mod egress;
 pub mod identity;
 pub mod layout;
+pub mod listing;
 pub mod mirror;
 pub mod operations;
 pub mod pack;

@@ -153,7 +153,7 @@ impl<R: Remote> Mirror<R> {
     ///
     /// # Errors
     /// The remote fails (after the transient retries).
-    pub async fn fetch(&self) -> Result<BTreeMap<String, ObjectId>, MirrorError> {
+    pub async fn fetch(&self) -> Result<crate::remote::RemoteRefs, MirrorError> {
         let mut attempt = 0;
         loop {
             attempt += 1;

@@ -30,8 +30,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// What the client calls itself on the wire.
 const AGENT: &str = concat!("agent=porch-rs/", env!("CARGO_PKG_VERSION"));
 
-/// The refs of a remote: branch and tag names → the id each holds.
-pub type RemoteRefs = BTreeMap<String, ObjectId>;
+/// The refs of a remote: branch and tag names → the id each holds (shared:
+/// a large repository's listing is not copied per caller).
+pub type RemoteRefs = std::sync::Arc<crate::listing::RefMap>;
 
 /// Credentials for a smart-HTTP remote. `Debug` never shows the secret.
 #[derive(Clone, PartialEq, Eq)]
@@ -309,17 +310,10 @@ impl Remote for LocalRemote {
                 let read = || -> Result<RemoteRefs, RemoteError> {
                     let from = GitRepo::open(&source)?;
                     let to = GitRepo::open(&mirror)?;
-                    let mirrored = |refs: BTreeMap<String, ObjectId>| -> RemoteRefs {
-                        refs.into_iter()
-                            .filter(|(n, _)| {
-                                n.starts_with("refs/heads/") || n.starts_with("refs/tags/")
-                            })
-                            .collect()
-                    };
                     // as a git server's advertisement: every ref is listed,
                     // but only the objects of refs that moved are looked at
-                    let refs = mirrored(from.try_refs_unpeeled()?);
-                    let current = mirrored(to.try_refs_unpeeled()?);
+                    let refs = from.branches_and_tags()?;
+                    let current = to.branches_and_tags()?;
                     if refs == current {
                         return Ok(refs);
                     }
@@ -837,7 +831,7 @@ impl SmartRemote {
         let session = self.connect(Service::UploadPack).await?;
         let refs = session.advertisement.refs.iter().cloned().collect();
         self.finish(session).await;
-        Ok(refs)
+        Ok(std::sync::Arc::new(refs))
     }
 }
 
@@ -852,13 +846,15 @@ impl Remote for SmartRemote {
 
     async fn fetch(&self, mirror: &Path) -> Result<RemoteRefs, RemoteError> {
         let session = self.connect(Service::UploadPack).await?;
-        let refs: RemoteRefs = session
-            .advertisement
-            .refs
-            .iter()
-            .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
-            .cloned()
-            .collect();
+        let refs: RemoteRefs = std::sync::Arc::new(
+            session
+                .advertisement
+                .refs
+                .iter()
+                .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
+                .cloned()
+                .collect(),
+        );
         let (wanted, local) = {
             let (mirror, refs) = (mirror.to_owned(), refs.clone());
             blocking(move || {

@@ -610,11 +610,7 @@ impl GitRepo {
     /// # Errors
     /// A bad ref name, or a failed ref write.
     pub fn mirror_refs(&self, refs: &BTreeMap<String, ObjectId>) -> Result<(), RepoError> {
-        let current: BTreeMap<String, ObjectId> = self
-            .try_refs_unpeeled()?
-            .into_iter()
-            .filter(|(n, _)| mirrored(n))
-            .collect();
+        let current = self.branches_and_tags()?;
         self.mirror_refs_from(&current, refs)
     }
 
@@ -731,6 +727,21 @@ impl GitRepo {
             }
         }
         Ok(())
+    }
+
+    /// Every branch and tag with the id it holds (an annotated tag's own
+    /// id), shared: read through [`crate::listing`], which keeps the parse
+    /// of `packed-refs` while it does not change.
+    ///
+    /// # Errors
+    /// The refs cannot be read.
+    pub fn branches_and_tags(&self) -> Result<std::sync::Arc<crate::listing::RefMap>, RepoError> {
+        if let Some(refs) = crate::listing::branches_and_tags(self.repo.path()) {
+            return Ok(refs);
+        }
+        let mut refs = self.try_refs_unpeeled()?;
+        refs.retain(|name, _| mirrored(name));
+        Ok(std::sync::Arc::new(refs))
     }
 
     /// Every direct ref with the id it holds (an annotated tag's own id).

@@ -18,6 +18,7 @@
 //! since a reader may still be loading an older manifest. The remote stays
 //! the source of truth: a missing or corrupt snapshot is rebuilt from it.
 
+use crate::listing::RefMap;
 use crate::remote::{Remote, RemoteError};
 use crate::repo::{GitRepo, RepoError};
 use crate::store::{ETag, Fetched, ObjectStore, PutCondition, StoreError, validate_key};
@@ -25,6 +26,7 @@ use gix::ObjectId;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The manifest format this code reads and writes.
@@ -237,18 +239,18 @@ fn from_hex_map(map: &BTreeMap<String, String>) -> BTreeMap<String, ObjectId> {
 }
 
 impl LocalState {
-    /// `refs` are what `manifest` lists (resolved), `synced` the mirror's.
+    /// `synced` are the mirror's refs when they differ from what
+    /// `manifest` lists (`None` when they are the same).
     fn new(
         etag: &ETag,
         manifest: &Manifest,
-        refs: &BTreeMap<String, ObjectId>,
-        synced: &BTreeMap<String, ObjectId>,
+        synced: Option<&RefMap>,
         mut held: BTreeSet<String>,
     ) -> Self {
         held.retain(|p| manifest.packs.contains(p));
         Self {
             etag: etag.0.clone(),
-            synced_refs: (synced != refs).then(|| hex_map(synced)),
+            synced_refs: synced.map(hex_map),
             manifest: manifest.clone(),
             held_packs: held,
         }
@@ -256,10 +258,10 @@ impl LocalState {
 
     /// The mirror's refs when last in step: `refs` (the snapshot's) unless
     /// they differed.
-    fn synced(&self, refs: &BTreeMap<String, ObjectId>) -> BTreeMap<String, ObjectId> {
+    fn synced(&self, refs: &Arc<RefMap>) -> Arc<RefMap> {
         match &self.synced_refs {
-            Some(synced) => from_hex_map(synced),
-            None => refs.clone(),
+            Some(synced) => Arc::new(from_hex_map(synced)),
+            None => Arc::clone(refs),
         }
     }
 }
@@ -306,12 +308,6 @@ fn hex_map(refs: &BTreeMap<String, ObjectId>) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn mirrored(refs: BTreeMap<String, ObjectId>) -> BTreeMap<String, ObjectId> {
-    refs.into_iter()
-        .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
-        .collect()
-}
-
 /// Checks that `bytes` is a whole pack (or index) whose trailing checksum
 /// matches its content, and returns the pack checksum it names.
 fn verify_trailer(bytes: &[u8], magic: &[u8]) -> Option<ObjectId> {
@@ -341,7 +337,27 @@ pub struct Snapshots<S> {
 #[derive(Debug, Default)]
 struct Memory {
     state: Option<LocalState>,
-    base: Option<(String, std::sync::Arc<BTreeMap<String, ObjectId>>)>,
+    base: Option<(String, Arc<RefMap>)>,
+    /// The refs a manifest last resolved to.
+    resolved: Option<(RefsKey, Arc<RefMap>)>,
+}
+
+/// What a manifest's refs resolve from: its base and its changes to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RefsKey {
+    base: Option<String>,
+    refs: BTreeMap<String, String>,
+    deleted: Vec<String>,
+}
+
+impl RefsKey {
+    fn of(manifest: &Manifest) -> Self {
+        Self {
+            base: manifest.base.clone(),
+            refs: manifest.refs.clone(),
+            deleted: manifest.deleted.clone(),
+        }
+    }
 }
 
 impl<S: ObjectStore> Snapshots<S> {
@@ -498,8 +514,8 @@ impl<S: ObjectStore> Snapshots<S> {
             let refs = refs.clone();
             let same = tokio::task::spawn_blocking(move || {
                 GitRepo::open(&mirror)?
-                    .try_refs_unpeeled()
-                    .map(|r| mirrored(r) == refs)
+                    .branches_and_tags()
+                    .map(|r| Arc::ptr_eq(&r, &refs) || *r == *refs)
             })
             .await
             .map_err(|e| SnapshotError::Task(e.to_string()))??;
@@ -535,7 +551,7 @@ impl<S: ObjectStore> Snapshots<S> {
         if let Some(name) = complete {
             return Err(self.corrupt(format!("no pack holds the commit of {name}")));
         }
-        self.write_state(&LocalState::new(&etag, &manifest, &refs, &refs, held))?;
+        self.write_state(&LocalState::new(&etag, &manifest, None, held))?;
         Ok(LoadOutcome::Loaded(Box::new(Loaded {
             manifest,
             etag,
@@ -552,22 +568,20 @@ impl<S: ObjectStore> Snapshots<S> {
         self.mirror.join(format!("porch-refs-{id}.json"))
     }
 
-    /// A base ref map: from the mirror's copy, else from the store.
+    /// A base ref map: from memory, the mirror's copy, else the store.
     /// Returns it with the bytes read from the store.
-    async fn base_refs(
-        &self,
-        id: &str,
-    ) -> Result<(BTreeMap<String, ObjectId>, u64), SnapshotError> {
+    async fn base_refs(&self, id: &str) -> Result<(Arc<RefMap>, u64), SnapshotError> {
         if let Some((cached, map)) = &self.memory().base
             && cached == id
         {
-            return Ok((map.as_ref().clone(), 0));
+            return Ok((Arc::clone(map), 0));
         }
         let local = self.local_base(id);
         if let Ok(bytes) = std::fs::read(&local)
             && let Ok(map) = decode_base(id, &bytes)
         {
-            self.memory().base = Some((id.to_owned(), std::sync::Arc::new(map.clone())));
+            let map = Arc::new(map);
+            self.memory().base = Some((id.to_owned(), Arc::clone(&map)));
             return Ok((map, 0));
         }
         let object = self
@@ -575,8 +589,8 @@ impl<S: ObjectStore> Snapshots<S> {
             .get(&self.base_key(id))
             .await?
             .ok_or_else(|| self.corrupt(format!("ref base {id} is missing")))?;
-        let map = decode_base(id, &object.body).map_err(|r| self.corrupt(r))?;
-        self.memory().base = Some((id.to_owned(), std::sync::Arc::new(map.clone())));
+        let map = Arc::new(decode_base(id, &object.body).map_err(|r| self.corrupt(r))?);
+        self.memory().base = Some((id.to_owned(), Arc::clone(&map)));
         let tmp = self.mirror.join(format!(".porch-refs-{id}.tmp"));
         std::fs::write(&tmp, &object.body).map_err(Self::io("write", &tmp))?;
         std::fs::rename(&tmp, &local).map_err(Self::io("rename", &local))?;
@@ -584,59 +598,91 @@ impl<S: ObjectStore> Snapshots<S> {
     }
 
     /// The manifest's refs resolved against its base, and the bytes read.
-    async fn resolve(
-        &self,
-        manifest: &Manifest,
-    ) -> Result<(BTreeMap<String, ObjectId>, u64), SnapshotError> {
+    /// The last resolution is kept: a warm process resolves the same
+    /// manifest on every load and save.
+    async fn resolve(&self, manifest: &Manifest) -> Result<(Arc<RefMap>, u64), SnapshotError> {
         let Some(base) = &manifest.base else {
-            return Ok((manifest.ref_ids(), 0));
+            return Ok((Arc::new(manifest.ref_ids()), 0));
         };
-        let (mut refs, read) = self.base_refs(base).await?;
-        for name in &manifest.deleted {
-            refs.remove(name);
+        let key = RefsKey::of(manifest);
+        if let Some((cached, refs)) = &self.memory().resolved
+            && *cached == key
+        {
+            return Ok((Arc::clone(refs), 0));
         }
-        refs.extend(manifest.ref_ids());
+        let (base_refs, read) = self.base_refs(base).await?;
+        let refs = if manifest.refs.is_empty() && manifest.deleted.is_empty() {
+            base_refs
+        } else {
+            let mut refs = RefMap::clone(&base_refs);
+            for name in &manifest.deleted {
+                refs.remove(name);
+            }
+            refs.extend(manifest.ref_ids());
+            Arc::new(refs)
+        };
+        self.memory().resolved = Some((key, Arc::clone(&refs)));
         Ok((refs, read))
     }
 
-    /// `manifest` listing `refs`: as changes to its base while they are few,
-    /// else on a new base written to the store (the old one retired).
-    /// Returns the bytes written.
+    /// `manifest`, listing `refs` (what it lists now, resolved), changed by
+    /// `changes`: as changes to its base while they are few, else on a new
+    /// base written to the store (the old one retired). Only the changed
+    /// names are looked at while the manifest stays a delta. Returns the
+    /// bytes written.
     async fn set_refs(
         &self,
         manifest: &mut Manifest,
-        refs: &BTreeMap<String, ObjectId>,
+        refs: &RefMap,
+        changes: &BTreeMap<String, Option<ObjectId>>,
     ) -> Result<u64, SnapshotError> {
         if let Some(base) = manifest.base.clone() {
             let (base_refs, _) = self.base_refs(&base).await?;
-            let changed: BTreeMap<String, String> = refs
-                .iter()
-                .filter(|(n, id)| base_refs.get(*n) != Some(id))
-                .map(|(n, id)| (n.clone(), id.to_string()))
+            let mut delta: BTreeMap<String, Option<ObjectId>> = manifest
+                .ref_ids()
+                .into_iter()
+                .map(|(n, id)| (n, Some(id)))
+                .chain(manifest.deleted.iter().map(|n| (n.clone(), None)))
                 .collect();
-            let deleted: Vec<String> = base_refs
-                .keys()
-                .filter(|n| !refs.contains_key(*n))
-                .cloned()
-                .collect();
-            if changed.len() + deleted.len() <= MAX_DELTA {
-                manifest.refs = changed;
-                manifest.deleted = deleted;
+            for (name, id) in changes {
+                if base_refs.get(name) == id.as_ref() {
+                    delta.remove(name);
+                } else {
+                    delta.insert(name.clone(), *id);
+                }
+            }
+            if delta.len() <= MAX_DELTA {
+                manifest.refs = delta
+                    .iter()
+                    .filter_map(|(n, id)| Some((n.clone(), (*id)?.to_string())))
+                    .collect();
+                manifest.deleted = delta
+                    .into_iter()
+                    .filter_map(|(n, id)| id.is_none().then_some(n))
+                    .collect();
                 return Ok(0);
             }
-        } else if refs.len() <= MAX_DELTA {
-            manifest.refs = hex_map(refs);
+        }
+        let mut full = refs.clone();
+        for (name, id) in changes {
+            match id {
+                Some(id) => full.insert(name.clone(), *id),
+                None => full.remove(name),
+            };
+        }
+        if manifest.base.is_none() && full.len() <= MAX_DELTA {
+            manifest.refs = hex_map(&full);
             manifest.deleted.clear();
             return Ok(0);
         }
-        let body = serde_json::to_vec(&hex_map(refs)).map_err(|e| self.corrupt(e.to_string()))?;
+        let body = serde_json::to_vec(&hex_map(&full)).map_err(|e| self.corrupt(e.to_string()))?;
         let id = gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, &body)
             .map_err(|e| self.corrupt(e.to_string()))?
             .to_string();
         let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
         let local = self.local_base(&id);
         std::fs::write(&local, &body).map_err(Self::io("write", &local))?;
-        self.memory().base = Some((id.clone(), std::sync::Arc::new(refs.clone())));
+        self.memory().base = Some((id.clone(), Arc::new(full)));
         match self
             .store
             .put(&self.base_key(&id), body, PutCondition::IfAbsent)
@@ -774,27 +820,29 @@ impl<S: ObjectStore> Snapshots<S> {
     async fn save_inner(&self, remote_url: &str, overwrite: bool) -> Result<Saved, SnapshotError> {
         let state = self.read_state();
         let mirror = self.mirror.clone();
-        let ours = tokio::task::spawn_blocking(move || {
-            GitRepo::open(&mirror)?.try_refs_unpeeled().map(mirrored)
-        })
-        .await
-        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+        let ours = tokio::task::spawn_blocking(move || GitRepo::open(&mirror)?.branches_and_tags())
+            .await
+            .map_err(|e| SnapshotError::Task(e.to_string()))??;
         let base = match &state {
             Some(state) => self.resolve(&state.manifest).await?.0,
-            None => BTreeMap::new(),
+            None => Arc::new(RefMap::new()),
         };
-        let synced: BTreeMap<String, ObjectId> =
-            state.as_ref().map(|s| s.synced(&base)).unwrap_or_default();
+        let synced = match &state {
+            Some(state) => state.synced(&base),
+            None => Arc::new(RefMap::new()),
+        };
         // our changes since the mirror was last in step with the snapshot
         let mut changes: BTreeMap<String, Option<ObjectId>> = BTreeMap::new();
-        for (name, id) in &ours {
-            if synced.get(name) != Some(id) {
-                changes.insert(name.clone(), Some(*id));
+        if !Arc::ptr_eq(&ours, &synced) {
+            for (name, id) in ours.iter() {
+                if synced.get(name) != Some(id) {
+                    changes.insert(name.clone(), Some(*id));
+                }
             }
-        }
-        for name in synced.keys() {
-            if !ours.contains_key(name) {
-                changes.insert(name.clone(), None);
+            for name in synced.keys() {
+                if !ours.contains_key(name) {
+                    changes.insert(name.clone(), None);
+                }
             }
         }
         // nothing moved since the snapshot: no objects are new either
@@ -810,13 +858,24 @@ impl<S: ObjectStore> Snapshots<S> {
                 compacted: false,
             });
         }
-        let known: Vec<ObjectId> = base.values().chain(synced.values()).copied().collect();
-        let mut uploaded = self
-            .upload_pack(ours.values().copied().collect(), known, overwrite)
-            .await?;
+        // refs that did not change reach only what the snapshot holds
+        let tips: Vec<ObjectId> = if overwrite {
+            ours.values().copied().collect()
+        } else {
+            changes.values().flatten().copied().collect()
+        };
+        let known: Vec<ObjectId> = if Arc::ptr_eq(&base, &synced) {
+            base.values().copied().collect()
+        } else {
+            base.values().chain(synced.values()).copied().collect()
+        };
+        let mut uploaded = self.upload_pack(tips, known, overwrite).await?;
         let mut bytes_written = uploaded.as_ref().map_or(0, |(_, n)| *n);
 
-        let mut current = state.map(|s| (s.manifest, ETag(s.etag), base.clone()));
+        // the snapshot's refs are ours after the save when they were the
+        // mirror's before it (the common case: nobody else saved meanwhile)
+        let mut current = state.map(|s| (s.manifest, ETag(s.etag), Arc::clone(&base)));
+        let mut in_step = Arc::ptr_eq(&base, &synced);
         // the packs our pack's "already in the snapshot" relied on, and
         // packs of ours a later one replaced
         let mut based_on: Vec<String> = current
@@ -826,11 +885,11 @@ impl<S: ObjectStore> Snapshots<S> {
         let mut superseded: Vec<String> = Vec::new();
         let mut merges = 0;
         for _ in 0..SAVE_ATTEMPTS {
-            let (mut manifest, condition, mut refs) = match &current {
+            let (mut manifest, condition, refs) = match &current {
                 Some((manifest, etag, refs)) => (
                     manifest.clone(),
                     PutCondition::IfMatch(etag.clone()),
-                    refs.clone(),
+                    Arc::clone(refs),
                 ),
                 None => (
                     Manifest {
@@ -845,7 +904,7 @@ impl<S: ObjectStore> Snapshots<S> {
                         retired_bases: Vec::new(),
                     },
                     PutCondition::IfAbsent,
-                    BTreeMap::new(),
+                    Arc::new(RefMap::new()),
                 ),
             };
             if changes.is_empty() && uploaded.is_none() && current.is_some() {
@@ -853,7 +912,8 @@ impl<S: ObjectStore> Snapshots<S> {
                     PutCondition::IfMatch(etag) => etag,
                     _ => ETag(String::new()),
                 };
-                self.remember(&manifest, &etag, &refs, &ours, None)?;
+                let synced = (*refs != *ours).then_some(&*ours);
+                self.remember(&manifest, &etag, synced, None)?;
                 return Ok(Saved {
                     etag,
                     pack: None,
@@ -862,13 +922,7 @@ impl<S: ObjectStore> Snapshots<S> {
                     compacted: false,
                 });
             }
-            for (name, id) in &changes {
-                match id {
-                    Some(id) => refs.insert(name.clone(), *id),
-                    None => refs.remove(name),
-                };
-            }
-            bytes_written += self.set_refs(&mut manifest, &refs).await?;
+            bytes_written += self.set_refs(&mut manifest, &refs, &changes).await?;
             let base = manifest.base.clone();
             manifest
                 .retired_bases
@@ -892,7 +946,8 @@ impl<S: ObjectStore> Snapshots<S> {
             manifest.fetched_at = now();
             let mut compacted = false;
             if manifest.packs.len() > COMPACT_AT
-                && let Some((pack, written)) = self.compact(&refs).await?
+                && let Some((pack, written)) =
+                    self.compact(&self.resolve(&manifest).await?.0).await?
             {
                 let since = now();
                 for old in std::mem::take(&mut manifest.packs) {
@@ -930,7 +985,14 @@ impl<S: ObjectStore> Snapshots<S> {
                 Ok(etag) => {
                     bytes_written += size;
                     let pack = uploaded.as_ref().map(|(p, _)| p.as_str());
-                    self.remember(&manifest, &etag, &refs, &ours, pack)?;
+                    if in_step {
+                        self.memory().resolved = Some((RefsKey::of(&manifest), Arc::clone(&ours)));
+                        self.remember(&manifest, &etag, None, pack)?;
+                    } else {
+                        let (refs, _) = self.resolve(&manifest).await?;
+                        let synced = (*refs != *ours).then_some(&*ours);
+                        self.remember(&manifest, &etag, synced, pack)?;
+                    }
                     for base in expired_bases {
                         if manifest.base.as_ref() != Some(&base) {
                             let _ = self.store.delete(&self.base_key(&base)).await;
@@ -966,6 +1028,7 @@ impl<S: ObjectStore> Snapshots<S> {
                         // their packs stay; ours is added above
                         theirs.retired.retain(|r| !theirs.packs.contains(&r.pack));
                     }
+                    in_step = false;
                     // Compacted meanwhile (or gone): what our pack left out
                     // as already in the snapshot may now be only in packs
                     // the manifest no longer lists. Packed again against
@@ -1005,8 +1068,7 @@ impl<S: ObjectStore> Snapshots<S> {
         &self,
         manifest: &Manifest,
         etag: &ETag,
-        refs: &BTreeMap<String, ObjectId>,
-        ours: &BTreeMap<String, ObjectId>,
+        synced: Option<&RefMap>,
         uploaded: Option<&str>,
     ) -> Result<(), SnapshotError> {
         let mut held = self
@@ -1016,7 +1078,7 @@ impl<S: ObjectStore> Snapshots<S> {
             .map(|s| s.held_packs.clone())
             .unwrap_or_default();
         held.extend(uploaded.map(str::to_owned));
-        self.write_state(&LocalState::new(etag, manifest, refs, ours, held))
+        self.write_state(&LocalState::new(etag, manifest, synced, held))
     }
 
     /// One pack of everything the manifest's refs reach, if the mirror has

@@ -484,3 +484,54 @@ fn packages_over_the_size_limits_are_refused_on_read_write_and_discovery() {
     let objects = git(empty.path(), &["count-objects", "-v"]);
     assert!(objects.contains("count: 0"), "nothing written: {objects}");
 }
+
+#[test]
+fn the_cached_ref_listing_is_what_gix_lists() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bare = dir.path().join("r.git");
+    run({
+        let mut c = git_command();
+        c.args(["init", "--bare", "-q", "-b", "main"]).arg(&bare);
+        c
+    });
+    let repo = GitRepo::open(&bare).expect("open");
+    let mut files = Files::new();
+    files.insert("a/Kptfile".into(), b"kind: Kptfile\n".to_vec());
+    let tree = repo.write_files(&files).expect("tree");
+    let who = orchestrator();
+    let commit = repo
+        .commit(tree, &[], "first", &who, &committer(), 1_795_000_000)
+        .expect("commit");
+    let hex = commit.to_string();
+    for name in [
+        "refs/heads/main",
+        "refs/heads/drafts/a/ws",
+        "refs/tags/a/v1",
+    ] {
+        git(&bare, &["update-ref", name, &hex]);
+    }
+    git(&bare, &["tag", "-a", "-m", "annotated", "a/v2", &hex]);
+    git(&bare, &["pack-refs", "--all"]);
+    // loose over packed, a loose-only branch, a symbolic ref, a note
+    git(&bare, &["update-ref", "refs/heads/loose", &hex]);
+    git(&bare, &["update-ref", "-d", "refs/heads/drafts/a/ws"]);
+    git(
+        &bare,
+        &["symbolic-ref", "refs/heads/alias", "refs/heads/main"],
+    );
+    git(&bare, &["update-ref", "refs/notes/commits", &hex]);
+    let expected: std::collections::BTreeMap<_, _> = repo
+        .try_refs_unpeeled()
+        .expect("gix lists")
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
+        .collect();
+    let listed = GitRepo::open(&bare)
+        .expect("open")
+        .branches_and_tags()
+        .expect("lists");
+    assert_eq!(*listed, expected);
+    assert!(listed.contains_key("refs/tags/a/v2"));
+    assert!(!listed.contains_key("refs/heads/drafts/a/ws"));
+    assert!(listed.contains_key("refs/heads/loose"));
+}
