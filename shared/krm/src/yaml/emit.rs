@@ -966,6 +966,29 @@ mod tests {
     }
 
     #[test]
+    fn a_comment_before_a_block_scalar_item_stays_with_the_item_before() {
+        // the scalar's span starts at its body, so the comment was read as
+        // the block scalar's head, not the foot of the key above it
+        for text in [
+            "a:\n- k:\n  # h\n- |-\n  x\n",
+            "a:\n- k:\n  # h\n- >\n\n  x\n",
+            "- k: v\n  # h\n- |+ # c\n  x\n",
+        ] {
+            let (once, before, after) = round_trip(text);
+            assert_eq!(after, before, "{text:?} was written as {once:?}");
+            assert!(
+                once.contains("\n  # h\n"),
+                "{text:?} was written as {once:?}"
+            );
+            assert_eq!(
+                round_trip(&once).0,
+                once,
+                "{text:?} changed on a second write"
+            );
+        }
+    }
+
+    #[test]
     fn a_sequence_whose_first_item_is_empty_keeps_its_indent() {
         let text = "a:\n  b:\n    - \nc: 1\n";
         let (once, before, after) = round_trip(text);

@@ -197,6 +197,7 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
     options.emit_anchor_events = true;
     options.max_buffered_comment_events = usize::MAX / 2;
     let parser = Parser::new_from_str_with_options(text, options);
+    let lines: Vec<&str> = text.lines().collect();
 
     let mut stack: Vec<Frame> = Vec::new();
     let mut root: Option<Node> = None;
@@ -285,6 +286,13 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
         match event {
             Event::Scalar(value, style, _, tag) => {
                 let (path, entry) = next_path(&stack);
+                // a block scalar's span starts at its body: placed at its
+                // header instead, where the emitter writes comments around it
+                let (line, col) = if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
+                    block_header(&lines, line, col).unwrap_or((line, col))
+                } else {
+                    (line, col)
+                };
                 anchors.push(Anchor::new(line, col, &path, &flow_depth_root, entry));
                 // An empty value comes as `~` with an empty span.
                 let empty = style == ScalarStyle::Plain && span.start.index() == span.end.index();
@@ -358,6 +366,43 @@ fn parse_one(text: &str, first_line: usize) -> Result<Option<Node>, YamlError> {
     };
     attach_comments(&mut root, &anchors, comments, text);
     Ok(Some(root))
+}
+
+/// The line and column of the `|` or `>` header of a block scalar whose
+/// body starts at `line`, `col` (1-based line): the last token of the
+/// nearest non-blank line above, a comment after it aside.
+fn block_header(lines: &[&str], line: usize, col: usize) -> Option<(usize, usize)> {
+    let is_header = |token: &str| {
+        token.starts_with(['|', '>'])
+            && token[1..]
+                .chars()
+                .all(|c| matches!(c, '+' | '-' | '1'..='9'))
+    };
+    let header_col = |text: &str| -> Option<usize> {
+        let code = match text.find(" #") {
+            Some(i) => &text[..i],
+            None => text,
+        };
+        let code = code.trim_end();
+        let start = code.rfind([' ', '\t']).map_or(0, |i| i + 1);
+        is_header(&code[start..]).then(|| code[..start].chars().count())
+    };
+    // the span already at the header (an empty scalar at the end)
+    if let Some(text) = line.checked_sub(1).and_then(|i| lines.get(i)) {
+        let before: String = text.chars().take(col).collect();
+        if header_col(&before).is_some() {
+            return None;
+        }
+    }
+    let mut at = line.checked_sub(1)?;
+    while at > 0 {
+        let text = lines.get(at - 1)?;
+        if !text.trim().is_empty() {
+            return header_col(text).map(|c| (at, c));
+        }
+        at -= 1;
+    }
+    None
 }
 
 fn insert(
