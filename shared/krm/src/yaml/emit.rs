@@ -989,6 +989,26 @@ mod tests {
     }
 
     #[test]
+    fn an_item_with_properties_is_placed_at_its_dash_for_comments() {
+        // the node after `- &a ` starts past its anchor: a comment between
+        // two such items was read as the next one's head, then its foot
+        for text in [
+            "- &a\n  x\n  # h\n- &b y\n",
+            "- !!str &a\n  x\n  # h\n- !t &b y\n",
+            "k:\n- - &a x\n    # h\n  - &b y\n",
+        ] {
+            let (once, before, after) = round_trip(text);
+            assert_eq!(after, before, "{text:?} was written as {once:?}");
+            assert!(once.contains("# h"), "{text:?} was written as {once:?}");
+            assert_eq!(
+                round_trip(&once).0,
+                once,
+                "{text:?} changed on a second write"
+            );
+        }
+    }
+
+    #[test]
     fn a_sequence_whose_first_item_is_empty_keeps_its_indent() {
         let text = "a:\n  b:\n    - \nc: 1\n";
         let (once, before, after) = round_trip(text);

@@ -467,10 +467,27 @@ fn item_column(anchor: &Anchor, lines: &[&str]) -> usize {
     {
         before.truncate(hash);
     }
-    let blanks = before.iter().rev().take_while(|c| **c == ' ').count();
-    match before.len().checked_sub(blanks + 1) {
-        Some(dash) if before[dash] == '-' && blanks > 0 => dash,
-        _ => anchor.col,
+    // back over blanks and the node's properties (`- &a !t x`) to the dash
+    let mut end = before.len();
+    loop {
+        let blanks = before[..end]
+            .iter()
+            .rev()
+            .take_while(|c| **c == ' ')
+            .count();
+        if blanks == 0 {
+            return anchor.col;
+        }
+        end -= blanks;
+        let start = before[..end]
+            .iter()
+            .rposition(|c| *c == ' ')
+            .map_or(0, |i| i + 1);
+        match before[start..end] {
+            ['-'] => return start,
+            ['&' | '!', ..] => end = start,
+            _ => return anchor.col,
+        }
     }
 }
 
