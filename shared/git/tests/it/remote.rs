@@ -200,6 +200,13 @@ async fn lifecycle_on_a_local_bare_repository() {
     let root = tempfile::tempdir().expect("tempdir");
     let upstream = upstream_with_main(root.path());
     lifecycle_through(LocalRemote::new(&upstream), &upstream).await;
+    // objects copied as their compressed files are whole and named right
+    fsck(&upstream);
+    let loose = crate::support::git(&upstream, &["count-objects", "-v"]);
+    assert!(
+        loose.lines().next().is_some_and(|l| l != "count: 0"),
+        "nothing was copied loose: {loose}"
+    );
 }
 
 #[tokio::test]
