@@ -989,13 +989,15 @@ mod tests {
     }
 
     #[test]
-    fn an_item_with_properties_is_placed_at_its_dash_for_comments() {
+    fn an_entry_is_placed_at_its_dash_or_question_mark_for_comments() {
         // the node after `- &a ` starts past its anchor: a comment between
         // two such items was read as the next one's head, then its foot
         for text in [
             "- &a\n  x\n  # h\n- &b y\n",
             "- !!str &a\n  x\n  # h\n- !t &b y\n",
             "k:\n- - &a x\n    # h\n  - &b y\n",
+            // the same for an explicit key and its `?`
+            "- ? k\n  :\n  # h\n- &a y\n",
         ] {
             let (once, before, after) = round_trip(text);
             assert_eq!(after, before, "{text:?} was written as {once:?}");

@@ -449,14 +449,17 @@ fn node_at_mut<'a>(root: &'a mut Node, path: &[Step]) -> Option<&'a mut Node> {
     Some(node)
 }
 
-/// The column a block sequence item starts at for its comments: its `-`,
-/// where the emitter writes its head and foot comments, not the column of
-/// the node after it (`- name: c` starts at the `n`; an empty item, after
-/// the comment that follows its dash).
-fn item_column(anchor: &Anchor, lines: &[&str]) -> usize {
-    if anchor.flow_root.is_some() || !matches!(anchor.path.last(), Some(Step::Item(_))) {
-        return anchor.col;
-    }
+/// The column a block sequence item or an explicit key starts at for its
+/// comments: its `-` or `?`, where the emitter writes its head and foot
+/// comments, not the column of the node after it (`- name: c` starts at
+/// the `n`; an empty item, after the comment that follows its dash).
+fn entry_column(anchor: &Anchor, lines: &[&str]) -> usize {
+    let indicator = match anchor.path.last() {
+        _ if anchor.flow_root.is_some() => return anchor.col,
+        Some(Step::Item(_)) => '-',
+        Some(Step::Key(_)) => '?',
+        _ => return anchor.col,
+    };
     let Some(line) = anchor.line.checked_sub(1).and_then(|i| lines.get(i)) else {
         return anchor.col;
     };
@@ -484,7 +487,7 @@ fn item_column(anchor: &Anchor, lines: &[&str]) -> usize {
             .rposition(|c| *c == ' ')
             .map_or(0, |i| i + 1);
         match before[start..end] {
-            ['-'] => return start,
+            [c] if c == indicator => return start,
             ['&' | '!', ..] => end = start,
             _ => return anchor.col,
         }
@@ -507,7 +510,7 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
     let anchors: Vec<Anchor> = anchors
         .iter()
         .map(|a| Anchor {
-            col: item_column(a, &lines),
+            col: entry_column(a, &lines),
             ..a.clone()
         })
         .collect();
