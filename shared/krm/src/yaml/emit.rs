@@ -1011,6 +1011,15 @@ mod tests {
     }
 
     #[test]
+    fn a_blank_line_before_a_document_foot_comment_is_kept_after_another_foot() {
+        let text = "k:\n- a\n# item foot\n\n# document foot\n";
+        let (once, before, after) = round_trip(text);
+        assert_eq!(after, before);
+        assert_eq!(once, text);
+        assert_eq!(round_trip(&once).0, once);
+    }
+
+    #[test]
     fn a_sequence_whose_first_item_is_empty_keeps_its_indent() {
         let text = "a:\n  b:\n    - \nc: 1\n";
         let (once, before, after) = round_trip(text);

@@ -574,7 +574,10 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
                 && lines
                     .get(comment.line - 2)
                     .is_some_and(|l| l.trim().is_empty());
-            if blank_before && root.foot_comment.is_empty() {
+            // a blank line between foot comments too: the emitter writes
+            // an item's foot at column 0 as well, and without the blank
+            // line the two read back as one foot
+            if blank_before && root.foot_comment.last().is_none_or(|l| !l.is_empty()) {
                 root.foot_comment.push(String::new());
             }
             root.foot_comment.push(comment.text);
