@@ -35,7 +35,9 @@ struct Parsed {
 static PARSED: LazyLock<Mutex<HashMap<PathBuf, Parsed>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-fn is_listed(name: &str) -> bool {
+/// Whether a ref is a branch or a tag: what a mirror keeps in step with its
+/// remote, and what a listing holds.
+pub fn is_branch_or_tag(name: &str) -> bool {
     name.starts_with("refs/heads/") || name.starts_with("refs/tags/")
 }
 
@@ -60,7 +62,7 @@ fn parse_packed(bytes: &[u8]) -> Option<RefMap> {
         let space = line.iter().position(|b| *b == b' ')?;
         let id = parse_id(&line[..space])?;
         let name = std::str::from_utf8(&line[space + 1..]).ok()?;
-        if !is_listed(name) {
+        if !is_branch_or_tag(name) {
             continue;
         }
         if !valid_name(name) {

@@ -5,6 +5,7 @@
 //! same. Operations recognise their own earlier commits, so a push that
 //! landed although its answer was lost is not done twice.
 
+use crate::listing::is_branch_or_tag as mirrored;
 use crate::operations::OperationError;
 use crate::remote::{Remote, RemoteError};
 use crate::repo::{GitRepo, RefUpdate, RepoError};
@@ -111,11 +112,6 @@ pub fn ref_changes(
         }
     }
     updates
-}
-
-/// Whether a ref is one a mirror keeps in step with its remote.
-fn mirrored(name: &str) -> bool {
-    name.starts_with("refs/heads/") || name.starts_with("refs/tags/")
 }
 
 /// A bare repository in local storage kept as a mirror of `remote`.

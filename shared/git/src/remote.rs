@@ -241,7 +241,7 @@ fn check_updates(updates: &[RefUpdate]) -> Result<(), RemoteError> {
     let mut names = std::collections::BTreeSet::new();
     for update in updates {
         let name = &update.name;
-        if !(name.starts_with("refs/heads/") || name.starts_with("refs/tags/")) {
+        if !crate::listing::is_branch_or_tag(name) {
             return Err(RemoteError::BadUpdate(format!(
                 "{name:?} is not a branch or tag"
             )));
@@ -851,7 +851,7 @@ impl Remote for SmartRemote {
                 .advertisement
                 .refs
                 .iter()
-                .filter(|(n, _)| n.starts_with("refs/heads/") || n.starts_with("refs/tags/"))
+                .filter(|(n, _)| crate::listing::is_branch_or_tag(n))
                 .cloned()
                 .collect(),
         );

@@ -4,6 +4,7 @@
 //! gix is blocking; async callers wrap these calls in `spawn_blocking`.
 
 use crate::identity::Identity;
+use crate::listing::is_branch_or_tag as mirrored;
 use gix::ObjectId;
 use gix::bstr::ByteSlice;
 use gix::objs::tree::EntryKind;
@@ -12,11 +13,6 @@ use gix::refs::{FullName, Target};
 use porch_api::limits::{LimitError, MAX_FILE_BYTES, MAX_PACKAGE_FILES, PackageBudget};
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// Whether a ref is a branch or a tag (what a mirror keeps in step).
-fn mirrored(name: &str) -> bool {
-    name.starts_with("refs/heads/") || name.starts_with("refs/tags/")
-}
 
 /// A package's files: slash paths relative to the package root → contents.
 pub type Files = BTreeMap<String, Vec<u8>>;

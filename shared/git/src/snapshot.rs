@@ -94,8 +94,8 @@ pub struct Manifest {
 pub const MAX_DELTA: usize = 1024;
 
 fn check_ref_name(name: &str) -> Result<(), String> {
-    let usable = (name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
-        && gix::refs::FullName::try_from(name).is_ok();
+    let usable =
+        crate::listing::is_branch_or_tag(name) && gix::refs::FullName::try_from(name).is_ok();
     if usable {
         Ok(())
     } else {
