@@ -919,6 +919,11 @@ mod tests {
             "? a: b\n  # foot\n: v\n# after\n",
             "? a:\n    ? b: c\n    # d\n    : e\n: f\n",
             &format!("# h\n? {long} # c\n# d\n: v # e\n"),
+            // the fuzz finding: a foot comment above a `?` whose key starts
+            // on the next line was read back as the key's head
+            "m:\n  n: 1 # a\n  # f\n? # c\n n: \"2\"\nb: {x\n  y}\n",
+            "m:\n  n: 1\n  # f\n? &k # c\n  # d\n  - x\n: v\n",
+            "?\n  a: 1\n  # f\n: v\n",
             // after properties: kept as a head comment
             "- &a # c\n  x: 1\n",
             "&r # c\nx: 1\n",

@@ -452,8 +452,22 @@ fn node_at_mut<'a>(root: &'a mut Node, path: &[Step]) -> Option<&'a mut Node> {
 /// The column a block sequence item or an explicit key starts at for its
 /// comments: its `-` or `?`, where the emitter writes its head and foot
 /// comments, not the column of the node after it (`- name: c` starts at
-/// the `n`; an empty item, after the comment that follows its dash).
-fn entry_column(anchor: &Anchor, lines: &[&str]) -> usize {
+/// the `n`; an empty item, after the comment that follows its dash; an
+/// explicit key on a line of its own, the `?` above it).
+fn entry_column(anchor: &Anchor, lines: &[&str], outermost: bool) -> usize {
+    let on_line = indicator_column(anchor, lines);
+    if outermost
+        && on_line == anchor.col
+        && matches!(anchor.path.last(), Some(Step::Key(_)))
+        && anchor.flow_root.is_none()
+    {
+        return bare_question_mark_above(anchor, lines).unwrap_or(on_line);
+    }
+    on_line
+}
+
+/// The column of the `-` or `?` on an entry's own line, or its own column.
+fn indicator_column(anchor: &Anchor, lines: &[&str]) -> usize {
     let indicator = match anchor.path.last() {
         _ if anchor.flow_root.is_some() => return anchor.col,
         Some(Step::Item(_)) => '-',
@@ -494,6 +508,31 @@ fn entry_column(anchor: &Anchor, lines: &[&str]) -> usize {
     }
 }
 
+/// The column of a `?` alone on the nearest line with content above an
+/// explicit key that starts on a line of its own (`?`, `? &k # c`, then the
+/// key below): the emitter writes the key's comments around that `?`.
+fn bare_question_mark_above(anchor: &Anchor, lines: &[&str]) -> Option<usize> {
+    let above = lines[..anchor.line.checked_sub(1)?]
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))?;
+    let chars: Vec<char> = above.chars().collect();
+    let code = (0..chars.len())
+        .find(|&i| chars[i] == '#' && i > 0 && chars[i - 1] == ' ')
+        .unwrap_or(chars.len());
+    let mut tokens = chars[..code]
+        .split(|c| *c == ' ')
+        .scan(0, |start, token| {
+            let at = *start;
+            *start += token.len() + 1;
+            Some((at, token))
+        })
+        .filter(|(_, token)| !token.is_empty());
+    let (col, _) = tokens.find(|(_, token)| *token == ['?'])?;
+    let properties_only = tokens.all(|(_, token)| matches!(token.first(), Some('&' | '!')));
+    (properties_only && col < anchor.col).then_some(col)
+}
+
 /// A block mapping or sequence with no anchor or tag: its first line is
 /// that of its first entry.
 fn is_bare_block_collection(node: &Node) -> bool {
@@ -509,9 +548,15 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
     let lines: Vec<&str> = text.lines().collect();
     let anchors: Vec<Anchor> = anchors
         .iter()
-        .map(|a| Anchor {
-            col: entry_column(a, &lines),
-            ..a.clone()
+        .enumerate()
+        .map(|(i, a)| {
+            // of the nodes starting at one place, only the outermost can
+            // follow a `?` on the line above
+            let outermost = i == 0 || (anchors[i - 1].line, anchors[i - 1].col) != (a.line, a.col);
+            Anchor {
+                col: entry_column(a, &lines, outermost),
+                ..a.clone()
+            }
         })
         .collect();
     for comment in comments {
