@@ -1001,6 +1001,11 @@ mod tests {
             "- &a\n  x\n  # h\n- &b y\n",
             "- !!str &a\n  x\n  # h\n- !t &b y\n",
             "k:\n- - &a x\n    # h\n  - &b y\n",
+            // an empty item at the end of its line (`- -`) starts right
+            // after its dash: a comment under it was read as the outer
+            // item's foot
+            "- a\n- -\n   # h\n# d\n",
+            "- - -\n     # h\n",
             // the same for an explicit key and its `?`
             "- ? k\n  :\n  # h\n- &a y\n",
         ] {

@@ -485,14 +485,16 @@ fn indicator_column(anchor: &Anchor, lines: &[&str]) -> usize {
         before.truncate(hash);
     }
     // back over blanks and the node's properties (`- &a !t x`) to the dash
+    // (an empty node at the end of its line starts right after them: `- -`)
     let mut end = before.len();
+    let mut adjacent = anchor.col >= line.chars().count();
     loop {
         let blanks = before[..end]
             .iter()
             .rev()
             .take_while(|c| **c == ' ')
             .count();
-        if blanks == 0 {
+        if blanks == 0 && !std::mem::take(&mut adjacent) {
             return anchor.col;
         }
         end -= blanks;
