@@ -11,7 +11,6 @@ use crate::repo::{GitRepo, RepoError};
 use gix::ObjectId;
 use gix::objs::tree::EntryKind;
 use gix::progress::Discard;
-use gix_pack::data::output;
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 
@@ -45,6 +44,181 @@ pub struct Pack {
     pub bytes: Vec<u8>,
     /// How many objects it holds.
     pub objects: u32,
+    /// The trailer (SHA-1 of everything before it), which names the pack's
+    /// `.pack` and `.idx` files.
+    pub checksum: ObjectId,
+    /// Where each object starts, for the index.
+    entries: Vec<PackEntry>,
+}
+
+/// One object's place in a pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PackEntry {
+    id: ObjectId,
+    offset: u64,
+    /// CRC-32 of the entry as stored (header and compressed data).
+    crc32: u32,
+}
+
+impl Pack {
+    /// The pack's version 2 index (`.idx`), as `git index-pack` writes it:
+    /// the objects' ids in order with a fan-out table by first byte, each
+    /// one's CRC-32 and offset, then the pack's checksum and the index's.
+    /// Written from what the writer knew, not by reading the pack again.
+    ///
+    /// # Errors
+    /// The index's own checksum cannot be computed.
+    pub fn index(&self) -> Result<Vec<u8>, RepoError> {
+        let mut entries = self.entries.clone();
+        entries.sort_unstable_by_key(|e| e.id);
+        let mut idx = Vec::with_capacity(8 + 256 * 4 + entries.len() * 28 + 40);
+        idx.extend_from_slice(b"\xfftOc");
+        idx.extend_from_slice(&2u32.to_be_bytes());
+        let mut fanout = [0u32; 256];
+        for entry in &entries {
+            fanout[usize::from(entry.id.as_bytes()[0])] += 1;
+        }
+        let mut total = 0u32;
+        for count in fanout {
+            total += count;
+            idx.extend_from_slice(&total.to_be_bytes());
+        }
+        for entry in &entries {
+            idx.extend_from_slice(entry.id.as_bytes());
+        }
+        for entry in &entries {
+            idx.extend_from_slice(&entry.crc32.to_be_bytes());
+        }
+        // offsets past 2 GiB go to a table of 8-byte offsets, marked by
+        // the high bit
+        let mut large = Vec::new();
+        for entry in &entries {
+            let small = match u32::try_from(entry.offset) {
+                Ok(offset) if offset < 0x8000_0000 => offset,
+                _ => {
+                    let at = u32::try_from(large.len()).unwrap_or(u32::MAX);
+                    large.push(entry.offset);
+                    0x8000_0000 | at
+                }
+            };
+            idx.extend_from_slice(&small.to_be_bytes());
+        }
+        for offset in large {
+            idx.extend_from_slice(&offset.to_be_bytes());
+        }
+        idx.extend_from_slice(self.checksum.as_bytes());
+        let own = sha1(&idx)?;
+        idx.extend_from_slice(own.as_bytes());
+        Ok(idx)
+    }
+}
+
+/// SHA-1 of `bytes`, refused when they look like a collision attack.
+fn sha1(bytes: &[u8]) -> Result<ObjectId, RepoError> {
+    let mut hasher = gix::hash::hasher(gix::hash::Kind::Sha1);
+    hasher.update(bytes);
+    hasher.try_finalize().map_err(|e| RepoError::Git {
+        step: "hash a pack",
+        source: Box::new(e),
+    })
+}
+
+/// Writes a version 2 pack one whole object at a time, with one
+/// compressor for all of them.
+struct PackWriter {
+    bytes: Vec<u8>,
+    entries: Vec<PackEntry>,
+    deflate: gix::zlib::stream::deflate::Compress,
+}
+
+impl PackWriter {
+    fn new(objects: u32) -> Self {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"PACK");
+        bytes.extend_from_slice(&2u32.to_be_bytes());
+        bytes.extend_from_slice(&objects.to_be_bytes());
+        Self {
+            bytes,
+            entries: Vec::with_capacity(objects as usize),
+            deflate: gix::zlib::stream::deflate::Compress::new(gix::zlib::Compression::BEST_SPEED),
+        }
+    }
+
+    fn add(&mut self, id: ObjectId, kind: gix::object::Kind, data: &[u8]) -> Result<(), RepoError> {
+        let offset = self.bytes.len();
+        let code: u8 = match kind {
+            gix::object::Kind::Commit => 1,
+            gix::object::Kind::Tree => 2,
+            gix::object::Kind::Blob => 3,
+            gix::object::Kind::Tag => 4,
+        };
+        // type and size: 3 bits of type and 4 of size, then 7 bits of size
+        // per byte while the high bit says more follow
+        let mut size = data.len() as u64;
+        let mut byte = (code << 4) | (size & 0x0f) as u8;
+        size >>= 4;
+        while size > 0 {
+            self.bytes.push(byte | 0x80);
+            byte = (size & 0x7f) as u8;
+            size >>= 7;
+        }
+        self.bytes.push(byte);
+        self.compress(data)?;
+        self.entries.push(PackEntry {
+            id,
+            offset: offset as u64,
+            crc32: crc32fast::hash(&self.bytes[offset..]),
+        });
+        Ok(())
+    }
+
+    /// Appends `data` as one whole zlib stream.
+    fn compress(&mut self, mut data: &[u8]) -> Result<(), RepoError> {
+        use gix::zlib::Status;
+        use gix::zlib::stream::deflate::FlushCompress;
+        let failed = |e: gix::Error| RepoError::Git {
+            step: "compress an object",
+            source: e.into(),
+        };
+        self.deflate.reset();
+        loop {
+            // incompressible data grows by a few bytes per 16 KiB block
+            let len = self.bytes.len();
+            self.bytes
+                .resize(len + data.len() + data.len() / 64 + 64, 0);
+            let (read, wrote) = (self.deflate.total_in(), self.deflate.total_out());
+            let status = self
+                .deflate
+                .compress(data, &mut self.bytes[len..], FlushCompress::Finish)
+                .map_err(|e| failed(e.into()))?;
+            let consumed = (self.deflate.total_in() - read) as usize;
+            let produced = (self.deflate.total_out() - wrote) as usize;
+            self.bytes.truncate(len + produced);
+            data = &data[consumed..];
+            match status {
+                Status::StreamEnd => return Ok(()),
+                Status::Ok | Status::BufError if consumed > 0 || produced > 0 => {}
+                Status::Ok | Status::BufError => {
+                    return Err(RepoError::Git {
+                        step: "compress an object",
+                        source: "the compressor made no progress".into(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn finish(mut self) -> Result<Pack, RepoError> {
+        let objects = u32::try_from(self.entries.len()).unwrap_or(u32::MAX);
+        let checksum = sha1(&self.bytes)?;
+        self.bytes.extend_from_slice(checksum.as_bytes());
+        Ok(Pack {
+            bytes: self.bytes,
+            objects,
+            checksum,
+            entries: self.entries,
+        })
+    }
 }
 
 /// Where a received pack was stored.
@@ -411,31 +585,49 @@ impl GitRepo {
             step: "write a pack",
             source: "more than 4 billion objects".into(),
         })?;
-        let mut entries = Vec::with_capacity(ids.len());
+        let mut writer = PackWriter::new(objects);
         for id in ids {
             let object = self.repo.find_object(*id).map_err(|e| RepoError::Git {
                 step: "read an object to pack",
                 source: Box::new(e),
             })?;
-            let data = gix::objs::Data::new(&object.data, object.kind, gix::hash::Kind::Sha1);
-            let count = output::Count::from_data(*id, None);
-            entries.push(
-                output::Entry::from_data(&count, &data, gix::zlib::Compression::BEST_SPEED)
-                    .map_err(pack_error("compress an object"))?,
-            );
+            writer.add(*id, object.kind, &object.data)?;
         }
-        let mut bytes = Vec::new();
-        let writer = output::bytes::FromEntriesIter::new(
-            std::iter::once(Ok(entries)),
-            &mut bytes,
-            objects,
-            gix_pack::data::Version::V2,
-            gix::hash::Kind::Sha1,
-        );
-        for written in writer {
-            written.map_err(pack_error("write a pack"))?;
+        writer.finish()
+    }
+
+    /// Installs a pack this process wrote, with its index, in
+    /// `objects/pack`: nothing to inflate or hash again, unlike a pack
+    /// received from elsewhere ([`GitRepo::index_pack`]). The index is
+    /// written last, so a reader never finds an index without its pack.
+    ///
+    /// # Errors
+    /// A failed write.
+    pub fn install_pack(&self, pack: &Pack) -> Result<(), RepoError> {
+        if pack.objects == 0 {
+            return Ok(());
         }
-        Ok(Pack { bytes, objects })
+        let directory = self.repo.objects.store_ref().path().join("pack");
+        let io = |e: std::io::Error| RepoError::Git {
+            step: "install a pack",
+            source: Box::new(e),
+        };
+        std::fs::create_dir_all(&directory).map_err(io)?;
+        let write = |ext: &str, bytes: &[u8]| {
+            let path = directory.join(format!("pack-{}.{ext}", pack.checksum));
+            let tmp = directory.join(format!(
+                "tmp_pack_{}_{}.{ext}",
+                std::process::id(),
+                pack.checksum
+            ));
+            std::fs::write(&tmp, bytes).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                io(e)
+            })
+        };
+        write("pack", &pack.bytes)?;
+        write("idx", &pack.index()?)
     }
 
     /// Stores a pack (as received from a remote or a snapshot) with its

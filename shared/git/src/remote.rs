@@ -286,9 +286,7 @@ impl LocalRemote {
         if ids.len() <= LOOSE_AT_MOST {
             return from.copy_loose(&ids, to);
         }
-        let pack = from.write_pack(&ids)?;
-        to.index_pack(&pack.bytes)?;
-        Ok(())
+        to.install_pack(&from.write_pack(&ids)?)
     }
 }
 

@@ -46,10 +46,6 @@ const SAVE_ATTEMPTS: usize = 64;
 
 const STATE_FILE: &str = "porch-snapshot.json";
 
-/// Where a pack to upload is indexed, inside the mirror's directory but
-/// outside its object database.
-const UPLOAD_DIR: &str = "porch-upload";
-
 /// A pack replaced by compaction, deleted after [`RETIRE_GRACE`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -757,35 +753,27 @@ impl<S: ObjectStore> Snapshots<S> {
         overwrite: bool,
     ) -> Result<Option<(String, u64)>, SnapshotError> {
         let mirror = self.mirror.clone();
-        let scratch_dir = self.mirror.join(UPLOAD_DIR);
-        let scratch = scratch_dir.clone();
-        let indexed = tokio::task::spawn_blocking(move || {
+        let pack = tokio::task::spawn_blocking(move || {
             let repo = GitRepo::open(&mirror)?;
             let ids = repo.missing_objects(&tips, &known)?;
             if ids.is_empty() {
                 return Ok::<_, RepoError>(None);
             }
+            // not installed into the mirror, which has these objects
+            // already: one more pack per save would make every object
+            // lookup search one more index
             let pack = repo.write_pack(&ids)?;
-            // indexed beside the mirror, not into it: the mirror has these
-            // objects already, and one more pack per save would make every
-            // object lookup search one more index
-            let _ = std::fs::remove_dir_all(&scratch);
-            std::fs::create_dir_all(&scratch).map_err(|e| RepoError::Git {
-                step: "create a scratch directory",
-                source: Box::new(e),
-            })?;
-            Ok(GitRepo::index_pack_into(&pack.bytes, &scratch)?.map(|p| p.checksum))
+            let index = pack.index()?;
+            Ok(Some((pack, index)))
         })
         .await
         .map_err(|e| SnapshotError::Task(e.to_string()))??;
-        let Some(checksum) = indexed else {
+        let Some((pack, index)) = pack else {
             return Ok(None);
         };
-        let name = checksum.to_string();
+        let name = pack.checksum.to_string();
         let mut written = 0u64;
-        for ext in ["pack", "idx"] {
-            let path = scratch_dir.join(format!("pack-{name}.{ext}"));
-            let body = std::fs::read(&path).map_err(Self::io("read", &path))?;
+        for (ext, body) in [("pack", pack.bytes), ("idx", index)] {
             written += u64::try_from(body.len()).unwrap_or(u64::MAX);
             let condition = if overwrite {
                 PutCondition::Always
@@ -802,7 +790,6 @@ impl<S: ObjectStore> Snapshots<S> {
                 Err(e) => return Err(e.into()),
             }
         }
-        let _ = std::fs::remove_dir_all(&scratch_dir);
         Ok(Some((name, written)))
     }
 

@@ -243,24 +243,31 @@ impl LocalDirStore {
     ) -> Result<ETag, StoreError> {
         let path = self.path(key)?;
         let _lock = self.lock(key, &path)?;
-        let current = Self::read(&path)?;
-        match (condition, &current) {
-            (PutCondition::IfAbsent, Some(_)) => {
-                return Err(StoreError::PreconditionFailed {
-                    key: key.to_owned(),
-                });
-            }
-            (PutCondition::IfMatch(_), None) => {
-                return Err(StoreError::NotFound {
-                    key: key.to_owned(),
-                });
-            }
-            (PutCondition::IfMatch(tag), Some(obj)) if obj.etag != *tag => {
-                return Err(StoreError::PreconditionFailed {
-                    key: key.to_owned(),
-                });
-            }
-            _ => {}
+        match condition {
+            PutCondition::Always => {}
+            // whether it is there, without reading and hashing it
+            PutCondition::IfAbsent => match std::fs::symlink_metadata(&path) {
+                Ok(_) => {
+                    return Err(StoreError::PreconditionFailed {
+                        key: key.to_owned(),
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Self::io("read", &path)(e)),
+            },
+            PutCondition::IfMatch(tag) => match Self::read(&path)? {
+                None => {
+                    return Err(StoreError::NotFound {
+                        key: key.to_owned(),
+                    });
+                }
+                Some(obj) if obj.etag != *tag => {
+                    return Err(StoreError::PreconditionFailed {
+                        key: key.to_owned(),
+                    });
+                }
+                Some(_) => {}
+            },
         }
         let tmp = path.with_file_name(format!(
             ".tmp-{}-{}",

@@ -535,3 +535,58 @@ fn the_cached_ref_listing_is_what_gix_lists() {
     assert!(!listed.contains_key("refs/heads/drafts/a/ws"));
     assert!(listed.contains_key("refs/heads/loose"));
 }
+
+/// The index written beside a pack is the one `git index-pack` computes
+/// from the pack alone, byte for byte, and a pack installed that way is
+/// one git reads: blobs (one empty, one large enough to need several
+/// deflate blocks and a multi-byte size), trees and commits.
+#[test]
+fn a_written_pack_and_its_index_are_the_ones_git_computes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let source_dir = tmp.path().join("source.git");
+    let source = GitRepo::init_bare(&source_dir).expect("init");
+    let noise: Vec<u8> = (0u32..300_000)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut content = Files::new();
+    content.insert("empty".into(), Vec::new());
+    content.insert("dir/noise.bin".into(), noise);
+    content.insert("dir/Kptfile".into(), b"apiVersion: kpt.dev/v1\n".to_vec());
+    let tree = source.write_files(&content).expect("tree");
+    let who = Identity::of_user("a@b.c");
+    let first = source
+        .commit(tree, &[], "one", &who, &who, 1)
+        .expect("commit");
+    let second = source
+        .commit(tree, &[first], "two", &who, &who, 2)
+        .expect("commit");
+    let ids = source.missing_objects(&[second], &[]).expect("objects");
+    assert_eq!(ids.len(), 7, "two commits, two trees, three blobs");
+    let pack = source.write_pack(&ids).expect("pack");
+    assert_eq!(pack.objects, 7);
+
+    let pack_path = tmp.path().join("written.pack");
+    std::fs::write(&pack_path, &pack.bytes).expect("write pack");
+    let checksum = git(
+        &source_dir,
+        &["index-pack", "-v", pack_path.to_str().expect("utf-8")],
+    );
+    assert_eq!(checksum.trim(), pack.checksum.to_string());
+    let by_git = std::fs::read(tmp.path().join("written.idx")).expect("git's index");
+    assert!(
+        by_git == pack.index().expect("index"),
+        "the index differs from git's"
+    );
+
+    let target_dir = tmp.path().join("target.git");
+    let target = GitRepo::init_bare(&target_dir).expect("init");
+    target.install_pack(&pack).expect("install");
+    target
+        .update_ref("refs/heads/main", None, Some(second))
+        .expect("ref");
+    git(&target_dir, &["fsck", "--strict", "--no-dangling"]);
+    let listed = git(&target_dir, &["ls-tree", "-r", "--name-only", "main"]);
+    assert_eq!(listed, "dir/Kptfile\ndir/noise.bin\nempty\n");
+    let reopened = GitRepo::open(&target_dir).expect("open");
+    assert_eq!(reopened.read_files(second, "").expect("read"), content);
+}
