@@ -190,7 +190,7 @@ impl PackWriter {
             let status = self
                 .deflate
                 .compress(data, &mut self.bytes[len..], FlushCompress::Finish)
-                .map_err(|e| failed(e.into()))?;
+                .map_err(failed)?;
             let consumed = (self.deflate.total_in() - read) as usize;
             let produced = (self.deflate.total_out() - wrote) as usize;
             self.bytes.truncate(len + produced);
