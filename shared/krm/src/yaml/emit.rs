@@ -946,6 +946,23 @@ mod tests {
     }
 
     #[test]
+    fn a_comment_after_a_bare_colon_stays_after_it() {
+        // it was read as the head of the value, which is written above
+        // the `:`, so the comment moved up on every first write
+        let long = "k".repeat(130);
+        for text in [
+            format!("? {long}\n:\n# c\n- x\n"),
+            format!("? {long}\n# a\n:\n# c\n- '': # b\n- y # d\n"),
+            format!("? {long}\n:\n  # c\n  a: 1\n"),
+            format!("? {long}\n# c\n:\n- x\n"),
+        ] {
+            let (once, before, after) = round_trip(&text);
+            assert_eq!(after, before, "{text:?} was written as {once:?}");
+            assert_eq!(once, text);
+        }
+    }
+
+    #[test]
     fn a_comment_after_a_bare_dash_stays_off_the_item() {
         // kyaml writes a resource's head comment after the dash of its
         // ResourceList item; read as the item's head, kpt would copy the

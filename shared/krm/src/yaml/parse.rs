@@ -461,7 +461,7 @@ fn entry_column(anchor: &Anchor, lines: &[&str], outermost: bool) -> usize {
         && matches!(anchor.path.last(), Some(Step::Key(_)))
         && anchor.flow_root.is_none()
     {
-        return bare_question_mark_above(anchor, lines).unwrap_or(on_line);
+        return bare_indicator_above(anchor, lines, '?').map_or(on_line, |(_, col)| col);
     }
     on_line
 }
@@ -510,14 +510,20 @@ fn indicator_column(anchor: &Anchor, lines: &[&str]) -> usize {
     }
 }
 
-/// The column of a `?` alone on the nearest line with content above an
-/// explicit key that starts on a line of its own (`?`, `? &k # c`, then the
-/// key below): the emitter writes the key's comments around that `?`.
-fn bare_question_mark_above(anchor: &Anchor, lines: &[&str]) -> Option<usize> {
-    let above = lines[..anchor.line.checked_sub(1)?]
+/// The line and column of a `?` or `:` alone (but for properties and a
+/// comment) on the nearest line with content above the node at `anchor`:
+/// an explicit key or value that starts on a line of its own, whose
+/// comments the emitter writes around that indicator.
+fn bare_indicator_above(
+    anchor: &Anchor,
+    lines: &[&str],
+    indicator: char,
+) -> Option<(usize, usize)> {
+    let (index, above) = lines[..anchor.line.checked_sub(1)?]
         .iter()
+        .enumerate()
         .rev()
-        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))?;
+        .find(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))?;
     let chars: Vec<char> = above.chars().collect();
     let code = (0..chars.len())
         .find(|&i| chars[i] == '#' && i > 0 && chars[i - 1] == ' ')
@@ -530,9 +536,16 @@ fn bare_question_mark_above(anchor: &Anchor, lines: &[&str]) -> Option<usize> {
             Some((at, token))
         })
         .filter(|(_, token)| !token.is_empty());
-    let (col, _) = tokens.find(|(_, token)| *token == ['?'])?;
+    let (col, _) = tokens.find(|(_, token)| *token == [indicator])?;
     let properties_only = tokens.all(|(_, token)| matches!(token.first(), Some('&' | '!')));
-    (properties_only && col < anchor.col).then_some(col)
+    // an empty key (`?` then an entry at its column) is not the key's
+    // line; a value's block sequence may start at the `:`'s column
+    let above_node = if indicator == '?' {
+        col < anchor.col
+    } else {
+        col <= anchor.col
+    };
+    (properties_only && above_node).then_some((index + 1, col))
 }
 
 /// A block mapping or sequence with no anchor or tag: its first line is
@@ -605,7 +618,24 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
             }
             continue;
         }
-        let next = anchors[after..].iter().find(|a| a.flow_root.is_none());
+        let mut next = anchors[after..].iter().find(|a| a.flow_root.is_none());
+        // After a bare `:`, above the block collection that is its value:
+        // the head of the collection's first entry. The value's own head
+        // is written above the `:`, so the comment would move up.
+        if let Some(value) = next
+            && matches!(value.path.last(), Some(Step::Value(_)))
+            && node_at_mut(root, &value.path).is_some_and(|n| is_bare_block_collection(n))
+            && bare_indicator_above(value, &lines, ':').is_some_and(|(line, _)| line < comment.line)
+        {
+            next = anchors[after..]
+                .iter()
+                .find(|a| {
+                    a.entry
+                        && a.path.len() == value.path.len() + 1
+                        && a.path.starts_with(&value.path)
+                })
+                .or(next);
+        }
         if let Some(next) = next
             && comment.col <= next.col
         {
