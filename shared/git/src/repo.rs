@@ -13,6 +13,7 @@ use gix::refs::{FullName, Target};
 use porch_api::limits::{LimitError, MAX_FILE_BYTES, MAX_PACKAGE_FILES, PackageBudget};
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// A package's files: slash paths relative to the package root → contents.
 pub type Files = BTreeMap<String, Vec<u8>>;
@@ -111,6 +112,62 @@ pub struct CommitInfo {
     pub message: String,
 }
 
+/// The last few large trees read, decoded, shared by every repository
+/// handle in the process. A repository that keeps thousands of packages at
+/// its root has a root tree of hundreds of kilobytes, which one operation
+/// would otherwise inflate again for each step: the edit, the push, the
+/// snapshot's pack and its diff against the parent. Objects are named by
+/// their content, so one read from any repository serves them all (a read
+/// may so find a tree this repository lacks; [`GitRepo::has_object`] still
+/// answers for this repository alone).
+struct LargeTrees;
+
+impl LargeTrees {
+    /// Smaller trees inflate about as fast as they copy.
+    const AT_LEAST: usize = 16 * 1024;
+    const KEPT: usize = 8;
+    const KEPT_BYTES: usize = 32 * 1024 * 1024;
+
+    fn kept() -> std::sync::MutexGuard<'static, std::collections::VecDeque<(ObjectId, Arc<[u8]>)>> {
+        static KEPT: Mutex<std::collections::VecDeque<(ObjectId, Arc<[u8]>)>> =
+            Mutex::new(std::collections::VecDeque::new());
+        KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl gix_pack::cache::Object for LargeTrees {
+    fn put(&mut self, id: ObjectId, kind: gix::object::Kind, data: &[u8]) {
+        if kind != gix::object::Kind::Tree || data.len() < Self::AT_LEAST {
+            return;
+        }
+        let mut kept = Self::kept();
+        if kept.iter().any(|(kept_id, _)| *kept_id == id) {
+            return;
+        }
+        kept.push_front((id, Arc::from(data)));
+        let mut bytes = 0;
+        let within = kept
+            .iter()
+            .take(Self::KEPT)
+            .take_while(|(_, data)| {
+                bytes += data.len();
+                bytes <= Self::KEPT_BYTES
+            })
+            .count();
+        kept.truncate(within.max(1));
+    }
+
+    fn get(&mut self, id: &ObjectId, out: &mut Vec<u8>) -> Option<gix::object::Kind> {
+        let mut kept = Self::kept();
+        let at = kept.iter().position(|(kept_id, _)| kept_id == id)?;
+        let entry = kept.remove(at)?;
+        out.clear();
+        out.extend_from_slice(&entry.1);
+        kept.push_front(entry);
+        Some(gix::object::Kind::Tree)
+    }
+}
+
 /// A git repository on local disk.
 pub struct GitRepo {
     pub(crate) repo: gix::Repository,
@@ -149,11 +206,12 @@ impl GitRepo {
     /// # Errors
     /// No repository at `path`.
     pub fn open(path: &Path) -> Result<Self, RepoError> {
-        let repo =
+        let mut repo =
             gix::open_opts(path, gix::open::Options::isolated()).map_err(|e| RepoError::Open {
                 path: path.display().to_string(),
                 source: Box::new(e),
             })?;
+        repo.objects.set_object_cache(|| Box::new(LargeTrees));
         Ok(Self {
             repo,
             journal: std::cell::RefCell::new(Vec::new()),
