@@ -131,7 +131,8 @@ impl LargeTrees {
     fn kept() -> std::sync::MutexGuard<'static, std::collections::VecDeque<(ObjectId, Arc<[u8]>)>> {
         static KEPT: Mutex<std::collections::VecDeque<(ObjectId, Arc<[u8]>)>> =
             Mutex::new(std::collections::VecDeque::new());
-        KEPT.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        KEPT.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

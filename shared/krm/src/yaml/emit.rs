@@ -1038,6 +1038,21 @@ mod tests {
     }
 
     #[test]
+    fn a_key_with_properties_starts_at_them_for_comments() {
+        // the key was placed past its tag, so a foot comment at the
+        // mapping's indent was read as the foot of the item around it
+        for text in [
+            "- ! a: 1\n  # h\n- b\n",
+            "- &k a: 1\n  # h\n- b\n",
+            "m:\n  !t a: 1\n  # h\nb: 2\n",
+        ] {
+            let (once, before, after) = round_trip(text);
+            assert_eq!(after, before, "{text:?} was written as {once:?}");
+            assert_eq!(once, text);
+        }
+    }
+
+    #[test]
     fn a_blank_line_before_a_document_foot_comment_is_kept_after_another_foot() {
         let text = "k:\n- a\n# item foot\n\n# document foot\n";
         let (once, before, after) = round_trip(text);

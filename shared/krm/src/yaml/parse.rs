@@ -486,8 +486,15 @@ fn indicator_column(anchor: &Anchor, lines: &[&str]) -> usize {
     }
     // back over blanks and the node's properties (`- &a !t x`) to the dash
     // (an empty node at the end of its line starts right after them: `- -`)
+    // A key with properties and no `?` (`! a: 1`, `- &k a: 1`) starts at
+    // them: the emitter writes its comments at the mapping's indent.
     let mut end = before.len();
     let mut adjacent = anchor.col >= line.chars().count();
+    let mut properties = None;
+    let not_found = |properties: Option<usize>| match indicator {
+        '?' => properties.unwrap_or(anchor.col),
+        _ => anchor.col,
+    };
     loop {
         let blanks = before[..end]
             .iter()
@@ -495,17 +502,27 @@ fn indicator_column(anchor: &Anchor, lines: &[&str]) -> usize {
             .take_while(|c| **c == ' ')
             .count();
         if blanks == 0 && !std::mem::take(&mut adjacent) {
-            return anchor.col;
+            return if end == 0 {
+                not_found(properties)
+            } else {
+                anchor.col
+            };
         }
         end -= blanks;
+        if end == 0 {
+            return not_found(properties);
+        }
         let start = before[..end]
             .iter()
             .rposition(|c| *c == ' ')
             .map_or(0, |i| i + 1);
         match before[start..end] {
             [c] if c == indicator => return start,
-            ['&' | '!', ..] => end = start,
-            _ => return anchor.col,
+            ['&' | '!', ..] => {
+                properties = Some(start);
+                end = start;
+            }
+            _ => return not_found(properties),
         }
     }
 }
