@@ -946,9 +946,9 @@ mod tests {
     }
 
     #[test]
-    fn a_comment_after_a_bare_colon_stays_after_it() {
-        // it was read as the head of the value, which is written above
-        // the `:`, so the comment moved up on every first write
+    fn a_comment_after_a_bare_indicator_stays_after_it() {
+        // it was read as the head of the value (or key), which is written
+        // above the `:` (or `?`), so the comment moved up on a first write
         let long = "k".repeat(130);
         for text in [
             format!("? {long}\n:\n# c\n- x\n"),
@@ -958,6 +958,12 @@ mod tests {
         ] {
             let (once, before, after) = round_trip(&text);
             assert_eq!(after, before, "{text:?} was written as {once:?}");
+            assert_eq!(once, text);
+        }
+        // the same after a bare `?`, above a block collection key
+        for text in ["?\n# c\n- x\n: v\n", "?\n  # c\n  a: 1\n: v\n"] {
+            let docs = parse_documents(text).expect("parses");
+            let once = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
             assert_eq!(once, text);
         }
     }

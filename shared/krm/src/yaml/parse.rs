@@ -461,7 +461,10 @@ fn entry_column(anchor: &Anchor, lines: &[&str], outermost: bool) -> usize {
         && matches!(anchor.path.last(), Some(Step::Key(_)))
         && anchor.flow_root.is_none()
     {
-        return bare_indicator_above(anchor, lines, '?').map_or(on_line, |(_, col)| col);
+        // an empty key (`?` then an entry at its column) is not this one
+        return bare_indicator_above(anchor, lines, '?')
+            .filter(|(_, col)| *col < anchor.col)
+            .map_or(on_line, |(_, col)| col);
     }
     on_line
 }
@@ -555,14 +558,8 @@ fn bare_indicator_above(
         .filter(|(_, token)| !token.is_empty());
     let (col, _) = tokens.find(|(_, token)| *token == [indicator])?;
     let properties_only = tokens.all(|(_, token)| matches!(token.first(), Some('&' | '!')));
-    // an empty key (`?` then an entry at its column) is not the key's
-    // line; a value's block sequence may start at the `:`'s column
-    let above_node = if indicator == '?' {
-        col < anchor.col
-    } else {
-        col <= anchor.col
-    };
-    (properties_only && above_node).then_some((index + 1, col))
+    // a block sequence may start at the indicator's column
+    (properties_only && col <= anchor.col).then_some((index + 1, col))
 }
 
 /// A block mapping or sequence with no anchor or tag: its first line is
@@ -636,13 +633,19 @@ fn attach_comments(root: &mut Node, anchors: &[Anchor], comments: Vec<CommentAt>
             continue;
         }
         let mut next = anchors[after..].iter().find(|a| a.flow_root.is_none());
-        // After a bare `:`, above the block collection that is its value:
-        // the head of the collection's first entry. The value's own head
-        // is written above the `:`, so the comment would move up.
+        // After a bare `?` or `:`, above the block collection that is its
+        // key or value: the head of the collection's first entry. The
+        // key's or value's own head is written above the indicator, so the
+        // comment would move up.
         if let Some(value) = next
-            && matches!(value.path.last(), Some(Step::Value(_)))
+            && let Some(indicator) = match value.path.last() {
+                Some(Step::Key(_)) => Some('?'),
+                Some(Step::Value(_)) => Some(':'),
+                _ => None,
+            }
             && node_at_mut(root, &value.path).is_some_and(|n| is_bare_block_collection(n))
-            && bare_indicator_above(value, &lines, ':').is_some_and(|(line, _)| line < comment.line)
+            && bare_indicator_above(value, &lines, indicator)
+                .is_some_and(|(line, _)| line < comment.line)
         {
             next = anchors[after..]
                 .iter()
