@@ -124,7 +124,7 @@ struct LargeTrees;
 
 impl LargeTrees {
     /// Smaller trees inflate about as fast as they copy.
-    const AT_LEAST: usize = 16 * 1024;
+    const AT_LEAST: usize = crate::pack::LARGE_TREE;
     const KEPT: usize = 8;
     const KEPT_BYTES: usize = 32 * 1024 * 1024;
 
@@ -254,17 +254,7 @@ impl GitRepo {
         subtree: Option<ObjectId>,
     ) -> Result<ObjectId, RepoError> {
         validate_file_path(path)?;
-        let base = base.unwrap_or_else(|| ObjectId::empty_tree(self.repo.object_hash()));
-        let mut editor = self.repo.edit_tree(base).map_err(git("start a tree"))?;
-        editor
-            .remove(path)
-            .map_err(git("remove a directory from a tree"))?;
-        if let Some(subtree) = subtree {
-            editor
-                .upsert(path, EntryKind::Tree, subtree)
-                .map_err(git("add a directory to a tree"))?;
-        }
-        Ok(editor.write().map_err(git("write a tree"))?.detach())
+        self.replace_subtrees(base, &[(path.to_owned(), subtree)])
     }
 
     /// `base` with several directories replaced or removed in one pass
@@ -278,19 +268,59 @@ impl GitRepo {
         subtrees: &[(String, Option<ObjectId>)],
     ) -> Result<ObjectId, RepoError> {
         let base = base.unwrap_or_else(|| ObjectId::empty_tree(self.repo.object_hash()));
-        let mut editor = self.repo.edit_tree(base).map_err(git("start a tree"))?;
+        // the paths are checked here, so gix's own editor is used without
+        // its checks, writing trees through `write_tree`
+        let mut editor = self
+            .repo
+            .edit_tree(base)
+            .map_err(git("start a tree"))?
+            .detach();
         for (path, subtree) in subtrees {
             validate_file_path(path)?;
             editor
-                .remove(path.as_str())
+                .remove(path.split('/'))
                 .map_err(git("remove a directory from a tree"))?;
             if let Some(subtree) = subtree {
                 editor
-                    .upsert(path.as_str(), EntryKind::Tree, *subtree)
+                    .upsert(path.split('/'), EntryKind::Tree, *subtree)
                     .map_err(git("add a directory to a tree"))?;
             }
         }
-        Ok(editor.write().map_err(git("write a tree"))?.detach())
+        editor.write(|tree| self.write_tree(tree))
+    }
+
+    /// Writes a tree object. A large one (a root tree listing thousands of
+    /// packages, mostly object ids that do not compress) is written loose
+    /// at compression level 0, a valid zlib stream of stored blocks: level
+    /// 1 took ten times as long to save 30%. It is kept decoded for the
+    /// reads that follow (the push, the snapshot's pack).
+    ///
+    /// # Errors
+    /// A failed write.
+    fn write_tree(&self, tree: &gix::objs::Tree) -> Result<ObjectId, RepoError> {
+        use gix::objs::WriteTo;
+        let mut data = Vec::with_capacity(tree.entries.len() * 40);
+        tree.write_to(&mut data).map_err(git("encode a tree"))?;
+        if data.len() < crate::pack::LARGE_TREE {
+            return gix::objs::Write::write_buf(&self.repo.objects, gix::object::Kind::Tree, &data)
+                .map_err(git("write a tree"));
+        }
+        let id = gix::objs::compute_hash(self.repo.object_hash(), gix::object::Kind::Tree, &data)
+            .map_err(git("hash a tree"))?;
+        if !self.repo.has_object(id) {
+            let mut object = format!("tree {}\0", data.len()).into_bytes();
+            object.extend_from_slice(&data);
+            let mut compressed = Vec::with_capacity(object.len() + object.len() / 64 + 64);
+            crate::pack::deflate_into(
+                &mut gix::zlib::stream::deflate::Compress::new(gix::zlib::Compression::NONE),
+                &object,
+                &mut compressed,
+            )?;
+            let objects = self.repo.objects.store_ref().path();
+            crate::pack::write_loose_file(&crate::pack::loose_path(objects, &id), &compressed)?;
+        }
+        gix_pack::cache::Object::put(&mut LargeTrees, id, gix::object::Kind::Tree, &data);
+        Ok(id)
     }
 
     /// The git directory.

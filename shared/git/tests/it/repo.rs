@@ -553,17 +553,24 @@ fn a_written_pack_and_its_index_are_the_ones_git_computes() {
     content.insert("dir/noise.bin".into(), noise);
     content.insert("dir/Kptfile".into(), b"apiVersion: kpt.dev/v1\n".to_vec());
     let tree = source.write_files(&content).expect("tree");
+    // a root tree large enough to be written (and packed) uncompressed
+    let packages: Vec<(String, Option<_>)> =
+        (0..700).map(|i| (format!("pkg-{i}"), Some(tree))).collect();
+    let root = source
+        .replace_subtrees(Some(tree), &packages)
+        .expect("root");
+    git(&source_dir, &["cat-file", "-e", &root.to_string()]);
     let who = Identity::of_user("a@b.c");
     let first = source
         .commit(tree, &[], "one", &who, &who, 1)
         .expect("commit");
     let second = source
-        .commit(tree, &[first], "two", &who, &who, 2)
+        .commit(root, &[first], "two", &who, &who, 2)
         .expect("commit");
     let ids = source.missing_objects(&[second], &[]).expect("objects");
-    assert_eq!(ids.len(), 7, "two commits, two trees, three blobs");
+    assert_eq!(ids.len(), 8, "two commits, three trees, three blobs");
     let pack = source.write_pack(&ids).expect("pack");
-    assert_eq!(pack.objects, 7);
+    assert_eq!(pack.objects, 8);
 
     let pack_path = tmp.path().join("written.pack");
     std::fs::write(&pack_path, &pack.bytes).expect("write pack");
@@ -585,8 +592,17 @@ fn a_written_pack_and_its_index_are_the_ones_git_computes() {
         .update_ref("refs/heads/main", None, Some(second))
         .expect("ref");
     git(&target_dir, &["fsck", "--strict", "--no-dangling"]);
-    let listed = git(&target_dir, &["ls-tree", "-r", "--name-only", "main"]);
-    assert_eq!(listed, "dir/Kptfile\ndir/noise.bin\nempty\n");
+    let listed = git(&target_dir, &["ls-tree", "--name-only", "main"]);
+    assert_eq!(listed.lines().count(), 702, "dir, empty and 700 packages");
     let reopened = GitRepo::open(&target_dir).expect("open");
-    assert_eq!(reopened.read_files(second, "").expect("read"), content);
+    assert_eq!(
+        reopened.read_files(second, "pkg-699").expect("read"),
+        content
+    );
+    // the large tree went loose into the source, uncompressed and valid
+    git(
+        &source_dir,
+        &["update-ref", "refs/heads/main", &second.to_string()],
+    );
+    git(&source_dir, &["fsck", "--strict", "--no-dangling"]);
 }
