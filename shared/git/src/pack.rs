@@ -296,7 +296,7 @@ impl GitRepo {
             let data = match source {
                 Source::File(path) => match std::fs::read(&path) {
                     Ok(compressed) => {
-                        write_loose_file(&loose_path(&there, &id), &compressed)?;
+                        write_object_file(&loose_path(&there, &id), &compressed)?;
                         continue;
                     }
                     // packed meanwhile (a concurrent writer): read it there
@@ -625,23 +625,11 @@ impl GitRepo {
             return Ok(());
         }
         let directory = self.repo.objects.store_ref().path().join("pack");
-        let io = |e: std::io::Error| RepoError::Git {
-            step: "install a pack",
-            source: Box::new(e),
-        };
-        std::fs::create_dir_all(&directory).map_err(io)?;
         let write = |ext: &str, bytes: &[u8]| {
-            let path = directory.join(format!("pack-{}.{ext}", pack.checksum));
-            let tmp = directory.join(format!(
-                "tmp_pack_{}_{}.{ext}",
-                std::process::id(),
-                pack.checksum
-            ));
-            std::fs::write(&tmp, bytes).map_err(io)?;
-            std::fs::rename(&tmp, &path).map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                io(e)
-            })
+            write_object_file(
+                &directory.join(format!("pack-{}.{ext}", pack.checksum)),
+                bytes,
+            )
         };
         write("pack", &pack.bytes)?;
         write("idx", &pack.index()?)
@@ -704,22 +692,23 @@ pub(crate) fn loose_path(objects: &std::path::Path, id: &ObjectId) -> std::path:
     objects.join(fan).join(rest)
 }
 
-/// Writes a loose object's compressed file: to a temporary name beside it,
-/// then renamed, so a reader never sees half of it.
-pub(crate) fn write_loose_file(path: &std::path::Path, compressed: &[u8]) -> Result<(), RepoError> {
+/// Writes a file of the object database (a loose object's compressed
+/// file, a pack, an index): to a temporary name beside it, then renamed,
+/// so a reader never sees half of it.
+pub(crate) fn write_object_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), RepoError> {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let io = |e: std::io::Error| RepoError::Git {
-        step: "write a copied object",
+        step: "write an object file",
         source: Box::new(e),
     };
     let dir = path.parent().ok_or_else(|| RepoError::Git {
-        step: "write a copied object",
+        step: "write an object file",
         source: "an object path without a directory".into(),
     })?;
     std::fs::create_dir_all(dir).map_err(io)?;
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!("tmp_obj_{}_{n}", std::process::id()));
-    std::fs::write(&tmp, compressed).map_err(io)?;
+    std::fs::write(&tmp, bytes).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         io(e)

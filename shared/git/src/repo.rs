@@ -317,7 +317,7 @@ impl GitRepo {
                 &mut compressed,
             )?;
             let objects = self.repo.objects.store_ref().path();
-            crate::pack::write_loose_file(&crate::pack::loose_path(objects, &id), &compressed)?;
+            crate::pack::write_object_file(&crate::pack::loose_path(objects, &id), &compressed)?;
         }
         gix_pack::cache::Object::put(&mut LargeTrees, id, gix::object::Kind::Tree, &data);
         Ok(id)
