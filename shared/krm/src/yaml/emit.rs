@@ -117,16 +117,46 @@ pub fn emit_document(root: &Node, seq: SeqIndent) -> String {
     e.out
 }
 
-/// Writes documents separated by `---` lines.
+/// Writes documents separated by `---` lines, each as it reads back (see
+/// [`emit_settled`]): what a package write produces, the next write of what
+/// was read from it produces again.
 pub fn emit_documents<'a>(docs: impl IntoIterator<Item = (&'a Node, SeqIndent)>) -> String {
     let mut out = String::new();
     for (i, (node, seq)) in docs.into_iter().enumerate() {
         if i > 0 {
             out.push_str("---\n");
         }
-        out.push_str(&emit_document(node, seq));
+        out.push_str(&emit_settled(node, seq));
     }
     out
+}
+
+/// Rounds of re-reading [`emit_settled`] allows; a text that still changes
+/// after them is written as the last round left it.
+const SETTLE_ROUNDS: usize = 4;
+
+/// Writes one document the way its text reads back. Comments are kept on
+/// the node they were read with, but a few placements (a comment after a
+/// bare indicator, between properties and content) have more than one
+/// reading: the written text then attaches such a comment to a
+/// neighbouring node, and writing what was read from it would move the
+/// comment a second time. Reading the text back (with the sequence style
+/// derived from it, as a package read does) and writing again until the
+/// text stops changing makes a write of the re-read document a no-op.
+/// Values never change: every round writes what the last one read.
+pub fn emit_settled(root: &Node, seq: SeqIndent) -> String {
+    let mut text = emit_document(root, seq);
+    for _ in 0..SETTLE_ROUNDS {
+        let Ok(Some(reread)) = super::parse::parse_document(&text) else {
+            break;
+        };
+        let again = emit_document(&reread, SeqIndent::derive(&text));
+        if again == text {
+            break;
+        }
+        text = again;
+    }
+    text
 }
 
 struct Emitter {
@@ -760,7 +790,9 @@ fn literal(value: &str, indent: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::yaml::{SeqIndent, emit_documents, parse_documents, to_json};
+    use crate::yaml::{
+        SeqIndent, emit_document, emit_documents, emit_settled, parse_documents, to_json,
+    };
 
     fn round_trip(text: &str) -> (String, serde_json::Value, serde_json::Value) {
         let docs = parse_documents(text).expect("parses");
@@ -966,6 +998,34 @@ mod tests {
             let once = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
             assert_eq!(once, text);
         }
+    }
+
+    #[test]
+    fn a_written_document_is_what_its_text_reads_back_to() {
+        // reduced from a fuzz input: the comment under the empty key is
+        // written at the key's value indent, read back as a foot comment of
+        // the item and then written at column 0
+        let text = "-\n :\n-\n &- #\n-\n  #\n e\n";
+        let docs = parse_documents(text).expect("parses");
+        let seq = SeqIndent::derive(&docs[0].text);
+        let unsettled = emit_document(&docs[0].root, seq);
+        let reread = parse_documents(&unsettled).expect("what was written parses");
+        assert_ne!(
+            emit_document(&reread[0].root, SeqIndent::derive(&unsettled)),
+            unsettled,
+            "the example no longer moves a comment; find another"
+        );
+        let settled = emit_settled(&docs[0].root, seq);
+        let reread = parse_documents(&settled).expect("what was written parses");
+        assert_eq!(
+            emit_settled(&reread[0].root, SeqIndent::derive(&settled)),
+            settled
+        );
+        assert_eq!(
+            to_json(&reread[0].root).expect("JSON"),
+            to_json(&docs[0].root).expect("JSON")
+        );
+        assert_eq!(settled.matches('#').count(), 2, "{settled:?}");
     }
 
     #[test]

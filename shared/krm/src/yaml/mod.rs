@@ -9,7 +9,7 @@ mod parse;
 mod resolve;
 mod sync;
 
-pub use emit::{SeqIndent, emit_document, emit_documents};
+pub use emit::{SeqIndent, emit_document, emit_documents, emit_settled};
 pub use json::{from_json, to_json};
 pub use node::{Node, STR_TAG, Style, Value};
 pub use parse::{Document, parse_document, parse_documents};
