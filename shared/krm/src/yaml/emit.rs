@@ -83,6 +83,7 @@ pub fn emit_document(root: &Node, seq: SeqIndent) -> String {
     let mut e = Emitter {
         out: String::new(),
         seq,
+        keep_end: usize::MAX,
     };
     e.comments(&root.head_comment, 0);
     match &root.value {
@@ -104,6 +105,7 @@ pub fn emit_document(root: &Node, seq: SeqIndent) -> String {
                     e.line_comment(root.line_comment.as_deref());
                     e.out.push('\n');
                     e.out.push_str(body);
+                    e.kept_breaks(header);
                 }
                 _ => {
                     e.out.push_str(&text);
@@ -162,6 +164,10 @@ pub fn emit_settled(root: &Node, seq: SeqIndent) -> String {
 struct Emitter {
     out: String,
     seq: SeqIndent,
+    /// Where the output ended after a block scalar that keeps its final
+    /// line breaks (`|+`): a blank line written there would be read as
+    /// one more of them.
+    keep_end: usize,
 }
 
 fn pad(out: &mut String, n: usize) {
@@ -185,10 +191,20 @@ fn is_block_collection(node: &Node) -> bool {
 }
 
 impl Emitter {
+    /// Notes the end of a block scalar written with `header`.
+    fn kept_breaks(&mut self, header: &str) {
+        if header.ends_with('+') {
+            self.keep_end = self.out.len();
+        }
+    }
+
     fn comments(&mut self, lines: &[String], indent: usize) {
         for line in lines {
             if line.is_empty() {
-                self.out.push('\n');
+                // a blank line right after `|+` would be its content
+                if self.out.len() != self.keep_end {
+                    self.out.push('\n');
+                }
                 continue;
             }
             pad(&mut self.out, indent);
@@ -304,6 +320,7 @@ impl Emitter {
                 );
                 self.out.push('\n');
                 self.out.push_str(body);
+                self.kept_breaks(header);
             }
             _ => {
                 self.out.push_str(&text);
@@ -996,6 +1013,25 @@ mod tests {
         for text in ["?\n# c\n- x\n: v\n", "?\n  # c\n  a: 1\n: v\n"] {
             let docs = parse_documents(text).expect("parses");
             let once = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
+            assert_eq!(once, text);
+        }
+    }
+
+    #[test]
+    fn no_blank_line_follows_a_block_scalar_that_keeps_its_line_breaks() {
+        // the blank line of `|+` was read as its content and as a blank
+        // before the comment too; written back, it was one more line break
+        for (text, value) in [
+            ("k: |2+\n\n# c\n", "\n"),
+            ("k: |+\n  x\n\n# c\n", "x\n\n"),
+            ("- |+\n  x\n\n# c\n", "x\n\n"),
+        ] {
+            let docs = parse_documents(text).expect("parses");
+            let once = emit_documents(docs.iter().map(|d| (&d.root, SeqIndent::derive(&d.text))));
+            let again = parse_documents(&once).expect("what was written parses");
+            let json = to_json(&again[0].root).expect("JSON");
+            let read = json.get("k").or_else(|| json.get(0)).cloned();
+            assert_eq!(read, Some(serde_json::json!(value)), "{text:?} → {once:?}");
             assert_eq!(once, text);
         }
     }
