@@ -38,6 +38,58 @@ fn git_order(a: &[u8], a_tree: bool, b: &[u8], b_tree: bool) -> std::cmp::Orderi
     })
 }
 
+/// One entry of a tree's bytes: `<mode> <name>\0<20-byte id>`.
+struct RawEntry<'a> {
+    mode: gix::objs::tree::EntryMode,
+    name: &'a [u8],
+    id: ObjectId,
+    /// Bytes the entry takes.
+    len: usize,
+}
+
+impl<'a> RawEntry<'a> {
+    /// The entry `data` starts with.
+    fn at(data: &'a [u8]) -> Result<Self, RepoError> {
+        let malformed = || RepoError::Git {
+            step: "decode a tree to send",
+            source: "a tree entry is malformed".into(),
+        };
+        let space = data
+            .iter()
+            .take(8)
+            .position(|b| *b == b' ')
+            .ok_or_else(malformed)?;
+        let mode = gix::objs::tree::EntryMode::from_bytes(&data[..=space]).ok_or_else(malformed)?;
+        let name_len = data[space + 1..]
+            .iter()
+            .position(|b| *b == 0)
+            .ok_or_else(malformed)?;
+        let id_at = space + 1 + name_len + 1;
+        let id = data.get(id_at..id_at + 20).ok_or_else(malformed)?;
+        Ok(Self {
+            mode,
+            name: &data[space + 1..space + 1 + name_len],
+            id: ObjectId::from_bytes_or_panic(id),
+            len: id_at + 20,
+        })
+    }
+}
+
+/// How many leading bytes `a` and `b` share.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const CHUNK: usize = 128;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    // whole chunks compare with `memcmp`
+    while i + CHUNK <= n && a[i..i + CHUNK] == b[i..i + CHUNK] {
+        i += CHUNK;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
 /// A pack in memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pack {
@@ -546,6 +598,11 @@ impl GitRepo {
             return Ok(());
         }
         out.push(tree);
+        // what differs from the first parent is a superset of what differs
+        // from all of them: a merge sends a few objects twice at most
+        if let Some(Some(parent)) = parents.first() {
+            return self.tree_changes(tree, *parent, seen, out);
+        }
         fn decode_error<E: std::error::Error + Send + Sync + 'static>(e: E) -> RepoError {
             RepoError::Git {
                 step: "decode a tree to send",
@@ -602,6 +659,86 @@ impl GitRepo {
             }
         }
         Ok(())
+    }
+
+    /// Adds what `tree` (already added) holds that `parent` does not hold
+    /// at the same path, from their raw bytes: runs of bytes the two share
+    /// are skipped entry by entry without a comparison (found with one
+    /// `memcmp`), so a root tree of thousands of packages with one changed
+    /// costs a scan of its entry boundaries and nothing per entry.
+    fn tree_changes(
+        &self,
+        tree: ObjectId,
+        parent: ObjectId,
+        seen: &mut HashSet<ObjectId>,
+        out: &mut Vec<ObjectId>,
+    ) -> Result<(), RepoError> {
+        let own = self.find_tree(tree)?.detach().data;
+        let theirs = self.find_tree(parent)?.detach().data;
+        let (mut a, mut b) = (0, 0);
+        loop {
+            let mut common = common_prefix(&own[a..], &theirs[b..]);
+            while a < own.len() && b < theirs.len() {
+                let len = RawEntry::at(&own[a..])?.len;
+                if len > common {
+                    break;
+                }
+                common -= len;
+                a += len;
+                b += len;
+            }
+            if a == own.len() {
+                return Ok(());
+            }
+            let entry = RawEntry::at(&own[a..])?;
+            if b == theirs.len() {
+                self.new_entry(&entry, None, seen, out)?;
+                a += entry.len;
+                continue;
+            }
+            let other = RawEntry::at(&theirs[b..])?;
+            match git_order(
+                other.name,
+                other.mode.is_tree(),
+                entry.name,
+                entry.mode.is_tree(),
+            ) {
+                std::cmp::Ordering::Less => b += other.len,
+                std::cmp::Ordering::Greater => {
+                    self.new_entry(&entry, None, seen, out)?;
+                    a += entry.len;
+                }
+                std::cmp::Ordering::Equal => {
+                    self.new_entry(&entry, Some(other.id), seen, out)?;
+                    a += entry.len;
+                    b += other.len;
+                }
+            }
+        }
+    }
+
+    /// Adds a tree entry's object (and what is new under it) unless it is
+    /// `before`, the entry at its path in a parent.
+    fn new_entry(
+        &self,
+        entry: &RawEntry<'_>,
+        before: Option<ObjectId>,
+        seen: &mut HashSet<ObjectId>,
+        out: &mut Vec<ObjectId>,
+    ) -> Result<(), RepoError> {
+        if before == Some(entry.id) {
+            return Ok(());
+        }
+        match entry.mode.kind() {
+            EntryKind::Tree => self.new_tree_objects(entry.id, &[before], seen, out),
+            EntryKind::Commit => Ok(()), // a submodule's commit lives elsewhere
+            EntryKind::Blob | EntryKind::BlobExecutable | EntryKind::Link => {
+                if seen.insert(entry.id) {
+                    out.push(entry.id);
+                }
+                Ok(())
+            }
+        }
     }
 
     /// A pack (version 2, every object whole: no deltas, so it never

@@ -356,6 +356,85 @@ fn missing_objects_are_what_git_lists_as_new() {
     assert_eq!(ours.len(), 7);
 }
 
+/// The same over a chain of commits on a tree of hundreds of entries, each
+/// changing entries at its start, middle or end, adding and removing them,
+/// and turning a file into a directory of the same name and back.
+#[test]
+fn missing_objects_match_git_for_changes_anywhere_in_a_large_tree() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let who = orchestrator();
+    let mut files: Files = (0..300)
+        .map(|i| (format!("pkg-{i:03}/Kptfile"), format!("k{i}").into_bytes()))
+        .chain((0..40).map(|i| (format!("file-{i:02}"), format!("f{i}").into_bytes())))
+        .collect();
+    let tree = repo.write_files(&files).expect("tree");
+    let mut parent = repo
+        .commit(tree, &[], "0", &who, &committer(), 0)
+        .expect("commit");
+    let changes: [&dyn Fn(&mut Files); 7] = [
+        &|f| {
+            f.insert("file-00".into(), b"changed first".to_vec());
+        },
+        &|f| {
+            f.insert("pkg-150/Kptfile".into(), b"changed middle".to_vec());
+        },
+        &|f| {
+            f.insert("pkg-299/Kptfile".into(), b"changed last".to_vec());
+            f.insert("zz-new".into(), b"added last".to_vec());
+        },
+        &|f| {
+            f.remove("pkg-000/Kptfile");
+            f.insert("pkg-100/new.yaml".into(), b"added inside".to_vec());
+        },
+        &|f| {
+            f.remove("file-20");
+            f.insert("file-20/inside".into(), b"a file became a directory".to_vec());
+        },
+        &|f| {
+            f.remove("file-20/inside");
+            f.insert("file-20".into(), b"and a file again".to_vec());
+            f.insert("pkg-007/Kptfile".into(), b"k7".to_vec());
+        },
+        &|f| {
+            for i in (0..300).step_by(7) {
+                f.insert(format!("pkg-{i:03}/Kptfile"), b"many at once".to_vec());
+            }
+        },
+    ];
+    for (i, change) in changes.iter().enumerate() {
+        change(&mut files);
+        let tree = repo.write_files(&files).expect("tree");
+        let commit = repo
+            .commit(tree, &[parent], &i.to_string(), &who, &committer(), 0)
+            .expect("commit");
+        let mut ours: Vec<String> = repo
+            .missing_objects(&[commit], &[parent])
+            .expect("objects")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        ours.sort();
+        let listed = git(
+            dir.path(),
+            &[
+                "rev-list",
+                "--objects",
+                &commit.to_string(),
+                &format!("^{parent}"),
+            ],
+        );
+        let mut theirs: Vec<String> = listed
+            .lines()
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_owned)
+            .collect();
+        theirs.sort();
+        assert_eq!(ours, theirs, "change {i}");
+        parent = commit;
+    }
+}
+
 /// A handle reports the net effect of its ref updates: a ref created then
 /// moved is one creation; a ref created and deleted again is nothing.
 #[test]
