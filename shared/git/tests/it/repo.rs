@@ -389,7 +389,10 @@ fn missing_objects_match_git_for_changes_anywhere_in_a_large_tree() {
         },
         &|f| {
             f.remove("file-20");
-            f.insert("file-20/inside".into(), b"a file became a directory".to_vec());
+            f.insert(
+                "file-20/inside".into(),
+                b"a file became a directory".to_vec(),
+            );
         },
         &|f| {
             f.remove("file-20/inside");
