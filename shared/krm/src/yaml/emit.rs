@@ -67,7 +67,16 @@ impl SeqIndent {
             if !key.ends_with(':') {
                 continue;
             }
-            let key_indent = key_line.len() - key_line.trim_start_matches(' ').len();
+            // the key's column: a key in an item (`- k:`) starts after its
+            // dash, or a compact sequence under it would read as wide, be
+            // written wide, and read as compact again
+            let key_indent = {
+                let mut rest = key_line.trim_start_matches(' ');
+                while let Some(after) = rest.strip_prefix("- ") {
+                    rest = after.trim_start_matches(' ');
+                }
+                key_line.len() - rest.len()
+            };
             match spaces.len().checked_sub(key_indent) {
                 Some(0) => return SeqIndent::Compact,
                 Some(2) => return SeqIndent::Wide,
@@ -920,6 +929,14 @@ mod tests {
         assert_eq!(once, "p: &a:\n  - x\n");
         assert_eq!(round_trip(&once).0, once);
         let once = round_trip(text).0;
+        assert_eq!(round_trip(&once).0, once);
+        // a key in an item starts after its dash (fuzz finding: the style
+        // flipped on every write)
+        assert_eq!(SeqIndent::derive("- a\n- k:\n  - x\n"), SeqIndent::Compact);
+        assert_eq!(SeqIndent::derive("- a\n- k:\n    - x\n"), SeqIndent::Wide);
+        assert_eq!(SeqIndent::derive("- - k:\n    - x\n"), SeqIndent::Compact);
+        let items = "- a\n- k:j:\n  - x\n";
+        let once = round_trip(items).0;
         assert_eq!(round_trip(&once).0, once);
     }
 
