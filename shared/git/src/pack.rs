@@ -51,7 +51,7 @@ impl<'a> RawEntry<'a> {
     /// The entry `data` starts with.
     fn at(data: &'a [u8]) -> Result<Self, RepoError> {
         let malformed = || RepoError::Git {
-            step: "decode a tree to send",
+            step: "decode a tree",
             source: "a tree entry is malformed".into(),
         };
         let space = data
@@ -73,6 +73,53 @@ impl<'a> RawEntry<'a> {
             len: id_at + 20,
         })
     }
+}
+
+/// A tree's bytes with the entries named in `edits` removed (whatever
+/// their kind) and, for `Some` ids, directory entries of those names put in
+/// their places in git's order. Names hold no `/`.
+///
+/// # Errors
+/// A malformed tree.
+pub(crate) fn splice_directories(
+    data: &[u8],
+    edits: &std::collections::BTreeMap<&[u8], Option<ObjectId>>,
+) -> Result<Vec<u8>, RepoError> {
+    let mut inserts: Vec<(&[u8], ObjectId)> = edits
+        .iter()
+        .filter_map(|(name, id)| Some((*name, (*id)?)))
+        .collect();
+    inserts.sort_by(|(a, _), (b, _)| git_order(a, true, b, true));
+    let mut inserts = inserts.into_iter().peekable();
+    let mut out = Vec::with_capacity(data.len() + inserts.len() * 64);
+    let directory = |out: &mut Vec<u8>, name: &[u8], id: ObjectId| {
+        out.extend_from_slice(b"40000 ");
+        out.extend_from_slice(name);
+        out.push(0);
+        out.extend_from_slice(id.as_bytes());
+    };
+    // bytes from `run` on are copied as they are when the next edit comes
+    let (mut at, mut run) = (0, 0);
+    while at < data.len() {
+        let entry = RawEntry::at(&data[at..])?;
+        while let Some((name, id)) = inserts
+            .next_if(|(name, _)| git_order(name, true, entry.name, entry.mode.is_tree()).is_lt())
+        {
+            out.extend_from_slice(&data[run..at]);
+            run = at;
+            directory(&mut out, name, id);
+        }
+        if edits.contains_key(entry.name) {
+            out.extend_from_slice(&data[run..at]);
+            run = at + entry.len;
+        }
+        at += entry.len;
+    }
+    out.extend_from_slice(&data[run..]);
+    for (name, id) in inserts {
+        directory(&mut out, name, id);
+    }
+    Ok(out)
 }
 
 /// How many leading bytes `a` and `b` share.

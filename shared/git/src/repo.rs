@@ -267,8 +267,16 @@ impl GitRepo {
         base: Option<ObjectId>,
         subtrees: &[(String, Option<ObjectId>)],
     ) -> Result<ObjectId, RepoError> {
+        for (path, _) in subtrees {
+            validate_file_path(path)?;
+        }
+        if let Some(base) = base
+            && let Some(id) = self.splice_subtrees(base, subtrees)?
+        {
+            return Ok(id);
+        }
         let base = base.unwrap_or_else(|| ObjectId::empty_tree(self.repo.object_hash()));
-        // the paths are checked here, so gix's own editor is used without
+        // the paths are checked above, so gix's own editor is used without
         // its checks, writing trees through `write_tree`
         let mut editor = self
             .repo
@@ -276,7 +284,6 @@ impl GitRepo {
             .map_err(git("start a tree"))?
             .detach();
         for (path, subtree) in subtrees {
-            validate_file_path(path)?;
             editor
                 .remove(path.split('/'))
                 .map_err(git("remove a directory from a tree"))?;
@@ -301,15 +308,54 @@ impl GitRepo {
         use gix::objs::WriteTo;
         let mut data = Vec::with_capacity(tree.entries.len() * 40);
         tree.write_to(&mut data).map_err(git("encode a tree"))?;
+        self.write_tree_data(&data)
+    }
+
+    /// [`GitRepo::replace_subtrees`] on a large tree, for directories at
+    /// its top: the tree's bytes with the entries spliced in and out,
+    /// without decoding every entry into an editor and encoding it again.
+    /// `None` when the edit is not that (deeper paths, a small tree, an
+    /// empty subtree, which the editor drops): the editor does it.
+    fn splice_subtrees(
+        &self,
+        base: ObjectId,
+        subtrees: &[(String, Option<ObjectId>)],
+    ) -> Result<Option<ObjectId>, RepoError> {
+        let empty = ObjectId::empty_tree(self.repo.object_hash());
+        if subtrees
+            .iter()
+            .any(|(path, id)| path.contains('/') || *id == Some(empty))
+        {
+            return Ok(None);
+        }
+        let data = self
+            .repo
+            .find_tree(base)
+            .map_err(git("read a tree to edit"))?
+            .detach()
+            .data;
         if data.len() < crate::pack::LARGE_TREE {
-            return gix::objs::Write::write_buf(&self.repo.objects, gix::object::Kind::Tree, &data)
+            return Ok(None);
+        }
+        // edits of one path: the last one counts
+        let edits: std::collections::BTreeMap<&[u8], Option<ObjectId>> = subtrees
+            .iter()
+            .map(|(path, id)| (path.as_bytes(), *id))
+            .collect();
+        let spliced = crate::pack::splice_directories(&data, &edits)?;
+        self.write_tree_data(&spliced).map(Some)
+    }
+
+    fn write_tree_data(&self, data: &[u8]) -> Result<ObjectId, RepoError> {
+        if data.len() < crate::pack::LARGE_TREE {
+            return gix::objs::Write::write_buf(&self.repo.objects, gix::object::Kind::Tree, data)
                 .map_err(git("write a tree"));
         }
-        let id = gix::objs::compute_hash(self.repo.object_hash(), gix::object::Kind::Tree, &data)
+        let id = gix::objs::compute_hash(self.repo.object_hash(), gix::object::Kind::Tree, data)
             .map_err(git("hash a tree"))?;
         if !self.repo.has_object(id) {
             let mut object = format!("tree {}\0", data.len()).into_bytes();
-            object.extend_from_slice(&data);
+            object.extend_from_slice(data);
             let mut compressed = Vec::with_capacity(object.len() + object.len() / 64 + 64);
             crate::pack::deflate_into(
                 &mut gix::zlib::stream::deflate::Compress::new(gix::zlib::Compression::NONE),
@@ -319,7 +365,7 @@ impl GitRepo {
             let objects = self.repo.objects.store_ref().path();
             crate::pack::write_object_file(&crate::pack::loose_path(objects, &id), &compressed)?;
         }
-        gix_pack::cache::Object::put(&mut LargeTrees, id, gix::object::Kind::Tree, &data);
+        gix_pack::cache::Object::put(&mut LargeTrees, id, gix::object::Kind::Tree, data);
         Ok(id)
     }
 

@@ -438,6 +438,63 @@ fn missing_objects_match_git_for_changes_anywhere_in_a_large_tree() {
     }
 }
 
+/// Directories replaced, added and removed at the top of a large tree
+/// (spliced into its bytes) give the tree of the files they make.
+#[test]
+fn directories_replaced_in_a_large_tree_make_the_tree_of_their_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let mut files: Files = (0..600)
+        .map(|i| (format!("pkg-{i:03}/Kptfile"), format!("k{i}").into_bytes()))
+        .chain(
+            ["a", "a.b", "a-c", "file-05", "zz"]
+                .iter()
+                .map(|n| ((*n).to_owned(), n.as_bytes().to_vec())),
+        )
+        .collect();
+    let package = |tag: &str| -> (Files, gix::ObjectId) {
+        let own: Files = [("Kptfile".to_owned(), tag.as_bytes().to_vec())].into();
+        let id = repo.write_files(&own).expect("subtree");
+        (own, id)
+    };
+    let edits: Vec<Vec<(&str, Option<&str>)>> = vec![
+        vec![("pkg-300", Some("replaced"))],
+        vec![("pkg-000", None), ("pkg-599", None)],
+        vec![("0-first", Some("first")), ("zzz-last", Some("last"))],
+        vec![("a", Some("a directory where a file was"))],
+        vec![
+            ("file-05", Some("x")),
+            ("file-05", None),
+            ("pkg-1", Some("prefix")),
+        ],
+        vec![
+            ("missing", None),
+            ("pkg-100", Some("one")),
+            ("pkg-100", Some("two")),
+        ],
+    ];
+    let mut base = repo.write_files(&files).expect("tree");
+    for (i, edit) in edits.iter().enumerate() {
+        let mut subtrees = Vec::new();
+        for (name, content) in edit {
+            files.retain(|path, _| path != name && !path.starts_with(&format!("{name}/")));
+            let id = content.map(|c| {
+                let (own, id) = package(c);
+                for (path, bytes) in own {
+                    files.insert(format!("{name}/{path}"), bytes);
+                }
+                id
+            });
+            subtrees.push(((*name).to_owned(), id));
+        }
+        let spliced = repo.replace_subtrees(Some(base), &subtrees).expect("edit");
+        let expected = repo.write_files(&files).expect("tree");
+        assert_eq!(spliced, expected, "edit {i}: {edit:?}");
+        base = spliced;
+    }
+    git(dir.path(), &["fsck", "--strict", "--no-dangling"]);
+}
+
 /// A handle reports the net effect of its ref updates: a ref created then
 /// moved is one creation; a ref created and deleted again is nothing.
 #[test]
