@@ -164,22 +164,50 @@ impl Ignore {
 }
 
 /// A glob over slash paths: `*` and `?` within a segment, `**` across.
+///
+/// Matched as an automaton: the set of text positions the pattern so far
+/// can end at, one pattern token at a time, so a hostile `.krmignore` line
+/// of many stars costs its length times the path's, never an exponential
+/// search.
 pub(crate) fn glob(pattern: &str, text: &str) -> bool {
-    fn go(p: &[u8], s: &[u8]) -> bool {
-        match p.first() {
-            None => s.is_empty(),
-            Some(b'*') if p.get(1) == Some(&b'*') => {
-                let rest = p[2..].strip_prefix(b"/").unwrap_or(&p[2..]);
-                (0..=s.len()).any(|i| go(rest, &s[i..]))
+    let (p, s) = (pattern.as_bytes(), text.as_bytes());
+    let mut at = vec![false; s.len() + 1];
+    let mut next = vec![false; s.len() + 1];
+    at[0] = true;
+    let mut k = 0;
+    while k < p.len() {
+        next.fill(false);
+        match p[k] {
+            b'*' if p.get(k + 1) == Some(&b'*') => {
+                k += 2;
+                if p.get(k) == Some(&b'/') {
+                    k += 1;
+                }
+                if let Some(first) = at.iter().position(|r| *r) {
+                    next[first..].fill(true);
+                }
             }
-            Some(b'*') => (0..=s.len())
-                .take_while(|&i| i == 0 || s[i - 1] != b'/')
-                .any(|i| go(&p[1..], &s[i..])),
-            Some(b'?') => !s.is_empty() && s[0] != b'/' && go(&p[1..], &s[1..]),
-            Some(c) => s.first() == Some(c) && go(&p[1..], &s[1..]),
+            b'*' => {
+                k += 1;
+                let mut open = false;
+                for j in 0..=s.len() {
+                    open = at[j] || (open && s[j - 1] != b'/');
+                    next[j] = open;
+                }
+            }
+            c => {
+                k += 1;
+                for j in 0..s.len() {
+                    next[j + 1] = at[j] && if c == b'?' { s[j] != b'/' } else { s[j] == c };
+                }
+            }
+        }
+        std::mem::swap(&mut at, &mut next);
+        if !at.contains(&true) {
+            return false;
         }
     }
-    go(pattern.as_bytes(), text.as_bytes())
+    at[s.len()]
 }
 
 /// All resources of the package tree, each package's in file order, packages
@@ -423,5 +451,66 @@ mod tests {
         assert!(!ignore.ignores("docs/keep.yaml"));
         assert!(!ignore.ignores("other/docs/a.yaml"));
         assert!(!ignore.ignores("app.yaml"));
+    }
+
+    /// The backtracking matcher `glob` replaced, as the reference.
+    fn backtracking(p: &[u8], s: &[u8]) -> bool {
+        match p.first() {
+            None => s.is_empty(),
+            Some(b'*') if p.get(1) == Some(&b'*') => {
+                let rest = p[2..].strip_prefix(b"/").unwrap_or(&p[2..]);
+                (0..=s.len()).any(|i| backtracking(rest, &s[i..]))
+            }
+            Some(b'*') => (0..=s.len())
+                .take_while(|&i| i == 0 || s[i - 1] != b'/')
+                .any(|i| backtracking(&p[1..], &s[i..])),
+            Some(b'?') => !s.is_empty() && s[0] != b'/' && backtracking(&p[1..], &s[1..]),
+            Some(c) => s.first() == Some(c) && backtracking(&p[1..], &s[1..]),
+        }
+    }
+
+    #[test]
+    fn globs_match_as_the_backtracking_matcher_did() {
+        // every pattern and text of up to four symbols from a small alphabet
+        fn words(alphabet: &[u8], max: usize) -> Vec<Vec<u8>> {
+            let mut out = vec![Vec::new()];
+            let mut last = vec![Vec::new()];
+            for _ in 0..max {
+                last = last
+                    .iter()
+                    .flat_map(|w: &Vec<u8>| {
+                        alphabet.iter().map(move |c| {
+                            let mut w = w.clone();
+                            w.push(*c);
+                            w
+                        })
+                    })
+                    .collect();
+                out.extend(last.iter().cloned());
+            }
+            out
+        }
+        let patterns = words(b"a*?/", 5);
+        let texts = words(b"ab/", 4);
+        for p in &patterns {
+            for t in &texts {
+                let (ps, ts) = (
+                    std::str::from_utf8(p).expect("ascii"),
+                    std::str::from_utf8(t).expect("ascii"),
+                );
+                assert_eq!(glob(ps, ts), backtracking(p, t), "{ps:?} on {ts:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_hostile_glob_is_matched_in_time() {
+        // backtracking took minutes on a fuzz input of this shape
+        let pattern = format!("{}x", "*a".repeat(40));
+        let started = std::time::Instant::now();
+        assert!(!glob(&pattern, &"a".repeat(200)));
+        let ignore = Ignore::parse(&format!("{}\n", "**a*".repeat(200)));
+        assert!(!ignore.ignores(&format!("{}/b", "a".repeat(100))));
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
     }
 }
