@@ -288,6 +288,39 @@ fn a_real_receive_pack_advertisement_parses() {
     }
 }
 
+/// The objects of `new` not reachable from `old`, sorted: as
+/// `missing_objects` finds them, and as `git rev-list --objects` lists them.
+fn new_objects_ours_and_gits(
+    repo: &GitRepo,
+    dir: &std::path::Path,
+    new: gix::ObjectId,
+    old: gix::ObjectId,
+) -> (Vec<String>, Vec<String>) {
+    let mut ours: Vec<String> = repo
+        .missing_objects(&[new], &[old])
+        .expect("objects")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    ours.sort();
+    let listed = git(
+        dir,
+        &[
+            "rev-list",
+            "--objects",
+            &new.to_string(),
+            &format!("^{old}"),
+        ],
+    );
+    let mut theirs: Vec<String> = listed
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect();
+    theirs.sort();
+    (ours, theirs)
+}
+
 /// The objects a pack for a new commit holds are exactly what git lists
 /// as new (`git rev-list --objects new ^old`), with names that sort
 /// around a directory of the same stem (`a`, `a.b`, `a-c`, `a/`).
@@ -329,28 +362,7 @@ fn missing_objects_are_what_git_lists_as_new() {
     let new = repo
         .commit(new_tree, &[old], "new", &who, &committer(), 0)
         .expect("commit");
-    let mut ours: Vec<String> = repo
-        .missing_objects(&[new], &[old])
-        .expect("objects")
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    ours.sort();
-    let listed = git(
-        dir.path(),
-        &[
-            "rev-list",
-            "--objects",
-            &new.to_string(),
-            &format!("^{old}"),
-        ],
-    );
-    let mut theirs: Vec<String> = listed
-        .lines()
-        .filter_map(|l| l.split(' ').next())
-        .map(str::to_owned)
-        .collect();
-    theirs.sort();
+    let (ours, theirs) = new_objects_ours_and_gits(&repo, dir.path(), new, old);
     assert_eq!(ours, theirs);
     // commit, root tree, a/, a/x, a.b, c/, c/new: unchanged a/y not sent
     assert_eq!(ours.len(), 7);
@@ -411,28 +423,7 @@ fn missing_objects_match_git_for_changes_anywhere_in_a_large_tree() {
         let commit = repo
             .commit(tree, &[parent], &i.to_string(), &who, &committer(), 0)
             .expect("commit");
-        let mut ours: Vec<String> = repo
-            .missing_objects(&[commit], &[parent])
-            .expect("objects")
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        ours.sort();
-        let listed = git(
-            dir.path(),
-            &[
-                "rev-list",
-                "--objects",
-                &commit.to_string(),
-                &format!("^{parent}"),
-            ],
-        );
-        let mut theirs: Vec<String> = listed
-            .lines()
-            .filter_map(|l| l.split(' ').next())
-            .map(str::to_owned)
-            .collect();
-        theirs.sort();
+        let (ours, theirs) = new_objects_ours_and_gits(&repo, dir.path(), commit, parent);
         assert_eq!(ours, theirs, "change {i}");
         parent = commit;
     }
