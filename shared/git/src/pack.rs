@@ -558,16 +558,18 @@ impl GitRepo {
         let mut seen: HashSet<ObjectId> = tag_objects.iter().copied().collect();
         let mut out = tag_objects;
         for tree in tree_tips {
-            self.new_tree_objects(tree, &[], &mut seen, &mut out)?;
+            self.new_tree_objects(tree, None, &mut seen, &mut out)?;
         }
         for commit in commits {
             let (tree, parents) = self.commit_tree_and_parents(commit)?;
             out.push(commit);
-            let parent_trees = parents
-                .into_iter()
-                .map(|p| self.commit_tree_and_parents(p).map(|(t, _)| Some(t)))
-                .collect::<Result<Vec<_>, _>>()?;
-            self.new_tree_objects(tree, &parent_trees, &mut seen, &mut out)?;
+            // what differs from the first parent is a superset of what
+            // differs from all of them: a merge sends a few objects twice
+            let first_parent_tree = parents
+                .first()
+                .map(|p| self.commit_tree_and_parents(*p).map(|(t, _)| t))
+                .transpose()?;
+            self.new_tree_objects(tree, first_parent_tree, &mut seen, &mut out)?;
         }
         Ok(out)
     }
@@ -626,84 +628,28 @@ impl GitRepo {
         })
     }
 
-    /// Adds `tree` and everything under it that differs from the entry at
-    /// the same path in every one of `parents` (`None`: absent there).
-    ///
-    /// Trees list their entries in git's order, so each parent is walked
-    /// once alongside the tree, with no lookup table: a root tree of
-    /// thousands of packages costs one pass over its bytes. A tree that is
-    /// not in git's order only makes entries look new (sent twice, never
-    /// missed).
+    /// Adds `tree` and everything under it that differs from `parent`, the
+    /// tree at the same path in the parent commit (`None`: absent there).
     fn new_tree_objects(
         &self,
         tree: ObjectId,
-        parents: &[Option<ObjectId>],
+        parent: Option<ObjectId>,
         seen: &mut HashSet<ObjectId>,
         out: &mut Vec<ObjectId>,
     ) -> Result<(), RepoError> {
-        if parents.contains(&Some(tree)) || !seen.insert(tree) {
+        if parent == Some(tree) || !seen.insert(tree) {
             return Ok(());
         }
         out.push(tree);
-        // what differs from the first parent is a superset of what differs
-        // from all of them: a merge sends a few objects twice at most
-        if let Some(Some(parent)) = parents.first() {
-            return self.tree_changes(tree, *parent, seen, out);
+        if let Some(parent) = parent {
+            return self.tree_changes(tree, parent, seen, out);
         }
-        fn decode_error<E: std::error::Error + Send + Sync + 'static>(e: E) -> RepoError {
-            RepoError::Git {
-                step: "decode a tree to send",
-                source: Box::new(e),
-            }
-        }
-        let own = self.find_tree(tree)?;
-        let own = own.decode().map_err(decode_error)?;
-        let parent_trees = parents
-            .iter()
-            .map(|p| p.map(|p| self.find_tree(p)).transpose())
-            .collect::<Result<Vec<_>, _>>()?;
-        let parent_entries = parent_trees
-            .iter()
-            .map(|t| {
-                t.as_ref()
-                    .map(|t| t.decode().map(|d| d.entries))
-                    .transpose()
-                    .map_err(decode_error)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut cursors = vec![0usize; parent_entries.len()];
-        let mut at_parents: Vec<Option<ObjectId>> = Vec::with_capacity(parents.len());
-        for entry in &own.entries {
-            let is_tree = entry.mode.is_tree();
-            at_parents.clear();
-            for (entries, cursor) in parent_entries.iter().zip(cursors.iter_mut()) {
-                let found = entries.as_ref().and_then(|entries| {
-                    while let Some(other) = entries.get(*cursor) {
-                        match git_order(
-                            other.filename,
-                            other.mode.is_tree(),
-                            entry.filename,
-                            is_tree,
-                        ) {
-                            std::cmp::Ordering::Less => *cursor += 1,
-                            std::cmp::Ordering::Equal => return Some(other.oid.to_owned()),
-                            std::cmp::Ordering::Greater => return None,
-                        }
-                    }
-                    None
-                });
-                at_parents.push(found);
-            }
-            let id = entry.oid.to_owned();
-            match entry.mode.kind() {
-                EntryKind::Tree => self.new_tree_objects(id, &at_parents, seen, out)?,
-                EntryKind::Commit => {} // a submodule's commit lives elsewhere
-                EntryKind::Blob | EntryKind::BlobExecutable | EntryKind::Link => {
-                    if !at_parents.contains(&Some(id)) && seen.insert(id) {
-                        out.push(id);
-                    }
-                }
-            }
+        let own = self.find_tree(tree)?.detach().data;
+        let mut at = 0;
+        while at < own.len() {
+            let entry = RawEntry::at(&own[at..])?;
+            self.new_entry(&entry, None, seen, out)?;
+            at += entry.len;
         }
         Ok(())
     }
@@ -777,7 +723,7 @@ impl GitRepo {
             return Ok(());
         }
         match entry.mode.kind() {
-            EntryKind::Tree => self.new_tree_objects(entry.id, &[before], seen, out),
+            EntryKind::Tree => self.new_tree_objects(entry.id, before, seen, out),
             EntryKind::Commit => Ok(()), // a submodule's commit lives elsewhere
             EntryKind::Blob | EntryKind::BlobExecutable | EntryKind::Link => {
                 if seen.insert(entry.id) {
