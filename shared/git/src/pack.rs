@@ -366,6 +366,16 @@ impl GitRepo {
         self.repo.has_object(id)
     }
 
+    /// Whether `id` is among the objects this handle saw at its first lookup,
+    /// or loose now. Unlike [`Self::has_object`], a miss does not list the pack
+    /// directory again and resolve its alternates, which costs more than the
+    /// lookup itself; a pack written meanwhile by someone else is missed, so
+    /// a caller deciding what to send sends an object too many, never one
+    /// too few.
+    fn has_object_without_rescan(&self, id: ObjectId) -> bool {
+        self.repo.objects.exists_without_refresh(&id)
+    }
+
     /// Writes `ids` into `to` as loose objects (ids `to` has are skipped):
     /// for a few objects, cheaper than a pack and its index. An object that
     /// is loose here is copied as its file, still compressed (a root tree
@@ -385,7 +395,7 @@ impl GitRepo {
         let there = to.repo.objects.store_ref().path().to_path_buf();
         let mut objects = Vec::with_capacity(ids.len());
         for id in ids {
-            if to.has_object(*id) {
+            if to.has_object_without_rescan(*id) {
                 continue;
             }
             let header = self.repo.find_header(*id).map_err(|e| RepoError::Git {
@@ -466,7 +476,7 @@ impl GitRepo {
         tips: &[ObjectId],
         target: &GitRepo,
     ) -> Result<Vec<ObjectId>, RepoError> {
-        self.objects_to_send(tips, &|id| target.has_object(*id), &|| {
+        self.objects_to_send(tips, &|id| target.has_object_without_rescan(*id), &|| {
             Ok(target.try_refs_unpeeled()?.into_values().collect())
         })
     }

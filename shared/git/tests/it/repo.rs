@@ -736,3 +736,55 @@ fn a_written_pack_and_its_index_are_the_ones_git_computes() {
     );
     git(&source_dir, &["fsck", "--strict", "--no-dangling"]);
 }
+
+/// What a target lacks is judged by the objects its handle saw at its first
+/// lookup: a pack that arrives later (another writer's) is not looked for, so its
+/// objects are sent again rather than missed, and what the target held at
+/// opening is not sent.
+#[test]
+fn objects_missing_from_a_target_are_judged_by_what_its_handle_saw_first() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let source = GitRepo::init_bare(&tmp.path().join("source.git")).expect("init");
+    let target_dir = tmp.path().join("target.git");
+    GitRepo::init_bare(&target_dir).expect("init");
+    let who = orchestrator();
+    let first_tree = source.write_files(&package()).expect("tree");
+    let first = source
+        .commit(first_tree, &[], "one", &who, &committer(), 0)
+        .expect("commit");
+    let mut changed = package();
+    changed.insert("more.yaml".to_owned(), b"a: 1\n".to_vec());
+    let second_tree = source.write_files(&changed).expect("tree");
+    let second = source
+        .commit(second_tree, &[first], "two", &who, &committer(), 1)
+        .expect("commit");
+    let first_objects = source.missing_objects(&[first], &[]).expect("objects");
+    let all = source.missing_objects(&[second], &[]).expect("objects");
+
+    let opened_early = GitRepo::open(&target_dir).expect("open");
+    assert!(!opened_early.has_object(first));
+    // the first commit's objects arrive in a pack through another handle
+    let other = GitRepo::open(&target_dir).expect("open");
+    other
+        .install_pack(&source.write_pack(&first_objects).expect("pack"))
+        .expect("install");
+    let mut stale = source
+        .objects_missing_from(&[second], &opened_early)
+        .expect("missing");
+    stale.sort();
+    let mut everything = all.clone();
+    everything.sort();
+    assert_eq!(stale, everything, "a later pack is not looked for");
+
+    let opened_late = GitRepo::open(&target_dir).expect("open");
+    let fresh = source
+        .objects_missing_from(&[second], &opened_late)
+        .expect("missing");
+    assert!(fresh.iter().all(|id| !first_objects.contains(id)));
+    assert_eq!(fresh.len(), 3, "commit, root tree and new blob");
+    source.copy_loose(&fresh, &opened_late).expect("copy");
+    opened_late
+        .update_ref("refs/heads/main", None, Some(second))
+        .expect("ref");
+    git(&target_dir, &["fsck", "--strict", "--no-dangling"]);
+}
