@@ -3,19 +3,23 @@
 //! save and load, the local remote's fetch).
 //!
 //! A large repository keeps most refs in `packed-refs`: at 10,000 packages
-//! that is 20,000 lines to parse, check and copy into a map each time. The
-//! parse is kept per repository for as long as the file's bytes stay the
-//! same (compared byte for byte, not by size or time, which a rewrite in
-//! the same clock tick can leave unchanged); loose ref files are read every
-//! time, and they are few, since a mirror rewrites `packed-refs` when many
-//! refs move. Anything unexpected in the files (a line that is not an id
-//! and a name, an id that is not SHA-1, a name git would refuse) makes the
-//! caller fall back to listing through gix.
+//! that is 20,000 lines (1 MB) to read, parse, check and copy into a map
+//! each time. The parse is kept per repository for as long as the file
+//! stays the same. Same means the same bytes, or, once the file is older
+//! than a clock tick or two, the same inode, size and times: git's rule for
+//! racily clean index entries, since a rewrite within the tick in which the
+//! file was read can leave its size and times unchanged. Loose ref files
+//! are read every time, and they are few, since a mirror rewrites
+//! `packed-refs` when many refs move. Anything unexpected in the files (a
+//! line that is not an id and a name, an id that is not SHA-1, a name git
+//! would refuse) makes the caller fall back to listing through gix.
 
 use gix::ObjectId;
 use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, SystemTime};
 
 /// Branch and tag names → the ids their files hold (an annotated tag's own
 /// id).
@@ -24,8 +28,57 @@ pub type RefMap = BTreeMap<String, ObjectId>;
 /// Repositories whose `packed-refs` parse is kept; more drop them all.
 const MAX_REPOSITORIES: usize = 64;
 
+/// How much older than the moment it was looked at a file must be for its
+/// stamp to stand for its bytes: more than the coarsest timestamp a
+/// filesystem keeps (two seconds) and the kernel's coarse clock lag.
+const SETTLED: Duration = Duration::from_secs(2);
+
+/// What tells one version of a file from another without reading it. A
+/// rewrite by rename (git's, gix's and ours) makes a new inode; a write in
+/// place moves the times.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether any change made after `looked_at` must change this stamp:
+    /// the file's last change is settled well before it, so a later one
+    /// carries a later time (or, by rename, another inode).
+    fn settled_before(&self, looked_at: SystemTime) -> bool {
+        let latest = self.mtime.max(self.ctime);
+        let Ok(secs) = u64::try_from(latest.0) else {
+            return false;
+        };
+        let Ok(nanos) = u32::try_from(latest.1) else {
+            return false;
+        };
+        let changed = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+        changed + SETTLED < looked_at
+    }
+}
+
 struct Parsed {
     packed_bytes: Vec<u8>,
+    /// The stamp `packed-refs` had when `packed_bytes` were read, once it
+    /// was settled; `None` while only the bytes can tell.
+    settled_stamp: Option<FileStamp>,
+    /// How many times the file was read for this entry.
+    reads: u64,
     packed: Arc<RefMap>,
     /// The loose refs last read, and the listing they made with `packed`.
     loose: Vec<(String, ObjectId)>,
@@ -124,25 +177,49 @@ fn read_loose(git_dir: &Path) -> Option<Vec<(String, ObjectId)>> {
 /// packed ones; `None` when the files hold something this reader does not
 /// expect (list through gix instead).
 pub fn branches_and_tags(git_dir: &Path) -> Option<Arc<RefMap>> {
-    let packed_bytes = match std::fs::read(git_dir.join("packed-refs")) {
-        Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+    // the clock read before the stat, and the stat made before the read:
+    // bytes newer than their stamp only cost a read next time
+    branches_and_tags_at(git_dir, SystemTime::now())
+}
+
+/// [`branches_and_tags`] with the clock read at `looked_at`.
+fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<RefMap>> {
+    let path = git_dir.join("packed-refs");
+    let stamp = match std::fs::metadata(&path) {
+        Ok(meta) => Some(FileStamp::of(&meta)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(_) => return None,
     };
+    let settled = stamp.filter(|s| s.settled_before(looked_at));
     let loose = read_loose(git_dir)?;
+    let unchanged = |entry: &Parsed| settled.is_some() && entry.settled_stamp == settled;
+    {
+        let mut parsed = PARSED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = parsed.get_mut(git_dir)
+            && unchanged(entry)
+        {
+            return Some(entry.listing(loose));
+        }
+    }
+    let packed_bytes = match stamp {
+        None => Vec::new(),
+        Some(_) => match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(_) => return None,
+        },
+    };
     let mut parsed = PARSED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(entry) = parsed.get_mut(git_dir)
         && entry.packed_bytes == packed_bytes
     {
-        if entry.loose != loose {
-            let mut merged = RefMap::clone(&entry.packed);
-            merged.extend(loose.iter().cloned());
-            entry.merged = Arc::new(merged);
-            entry.loose = loose;
-        }
-        return Some(Arc::clone(&entry.merged));
+        entry.settled_stamp = settled;
+        entry.reads += 1;
+        return Some(entry.listing(loose));
     }
     // parsed outside the lock would let two threads parse the same file;
     // a parse is rare (the file changed) and short next to its use
@@ -157,12 +234,27 @@ pub fn branches_and_tags(git_dir: &Path) -> Option<Arc<RefMap>> {
         git_dir.to_path_buf(),
         Parsed {
             packed_bytes,
+            settled_stamp: settled,
+            reads: 1,
             packed,
             loose,
             merged: Arc::clone(&merged),
         },
     );
     Some(merged)
+}
+
+impl Parsed {
+    /// The listing of the kept `packed-refs` parse with `loose` over it.
+    fn listing(&mut self, loose: Vec<(String, ObjectId)>) -> Arc<RefMap> {
+        if self.loose != loose {
+            let mut merged = RefMap::clone(&self.packed);
+            merged.extend(loose.iter().cloned());
+            self.merged = Arc::new(merged);
+            self.loose = loose;
+        }
+        Arc::clone(&self.merged)
+    }
 }
 
 #[cfg(test)]
@@ -250,5 +342,86 @@ mod tests {
         // a loose file that is not an id: the caller lists through gix
         std::fs::write(git.join("refs/tags/bad"), "not an id\n").expect("write");
         assert!(branches_and_tags(git).is_none());
+    }
+
+    fn stamp_changed_at(mtime: (i64, i64), ctime: (i64, i64)) -> FileStamp {
+        FileStamp {
+            dev: 1,
+            ino: 2,
+            len: 3,
+            mtime,
+            ctime,
+        }
+    }
+
+    #[test]
+    fn a_stamp_stands_for_its_bytes_only_once_its_last_change_is_settled() {
+        let at = |secs: u64, nanos: u32| SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+        let stamp = stamp_changed_at((1_000, 0), (1_000, 500_000_000));
+        // the later of the two times counts
+        assert!(!stamp.settled_before(at(1_002, 400_000_000)));
+        assert!(!stamp.settled_before(at(1_002, 500_000_000)));
+        assert!(stamp.settled_before(at(1_002, 500_000_001)));
+        assert!(!stamp_changed_at((1_005, 0), (1_000, 0)).settled_before(at(1_006, 0)));
+        // times before the epoch, or nonsense nanoseconds, never are
+        assert!(!stamp_changed_at((-5, 0), (-5, 0)).settled_before(at(1_000, 0)));
+        assert!(!stamp_changed_at((1, -1), (1, -1)).settled_before(at(1_000, 0)));
+    }
+
+    #[test]
+    fn a_settled_packed_refs_is_not_read_again_until_its_stamp_moves() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let git = dir.path();
+        std::fs::create_dir_all(git.join("refs/heads")).expect("mkdir");
+        let packed = git.join("packed-refs");
+        std::fs::write(&packed, format!("{A} refs/heads/main\n")).expect("write");
+        let later = SystemTime::now() + Duration::from_secs(10);
+        let first = branches_and_tags_at(git, later).expect("lists");
+        assert_eq!(first["refs/heads/main"], id(A));
+        let kept = |git: &Path| {
+            let parsed = PARSED.lock().expect("lock");
+            let entry = parsed.get(git).expect("kept");
+            (entry.settled_stamp, entry.reads)
+        };
+        let (stamp, reads) = kept(git);
+        assert!(stamp.is_some(), "old enough to stand for its bytes");
+        assert_eq!(reads, 1);
+        let again = branches_and_tags_at(git, later).expect("lists");
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(kept(git).1, 1, "not read again");
+        // a chmod moves the ctime: read again, the same bytes, parse kept
+        let perms = std::fs::metadata(&packed).expect("stat").permissions();
+        std::fs::set_permissions(&packed, perms).expect("chmod");
+        let same = branches_and_tags_at(git, later).expect("lists");
+        assert!(Arc::ptr_eq(&first, &same));
+        assert_eq!(kept(git).1, 2);
+
+        // rewritten by rename with the same size: another inode
+        let tmp = git.join("packed-refs.new");
+        std::fs::write(&tmp, format!("{B} refs/heads/main\n")).expect("write");
+        std::fs::rename(&tmp, &packed).expect("rename");
+        assert_eq!(
+            branches_and_tags_at(git, later).expect("lists")["refs/heads/main"],
+            id(B)
+        );
+        // written in place with the same size and a later time
+        std::fs::write(&packed, format!("{A} refs/heads/main\n")).expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&packed)
+            .and_then(|f| f.set_modified(later - Duration::from_secs(3)))
+            .expect("touch");
+        assert_eq!(
+            branches_and_tags_at(git, later).expect("lists")["refs/heads/main"],
+            id(A)
+        );
+        // and a fresh file, not yet settled, is compared by its bytes
+        let now = SystemTime::now();
+        std::fs::write(&packed, format!("{B} refs/heads/main\n")).expect("write");
+        assert_eq!(
+            branches_and_tags_at(git, now).expect("lists")["refs/heads/main"],
+            id(B)
+        );
+        assert_eq!(kept(git).0, None);
     }
 }
