@@ -246,11 +246,24 @@ fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<Ref
 
 impl Parsed {
     /// The listing of the kept `packed-refs` parse with `loose` over it.
+    /// When no caller holds the last listing any more, it is changed in
+    /// place, in the few names loose then or now; a listing still held is
+    /// never changed, a new one is made from the parse.
     fn listing(&mut self, loose: Vec<(String, ObjectId)>) -> Arc<RefMap> {
         if self.loose != loose {
-            let mut merged = RefMap::clone(&self.packed);
-            merged.extend(loose.iter().cloned());
-            self.merged = Arc::new(merged);
+            if let Some(merged) = Arc::get_mut(&mut self.merged) {
+                for (name, _) in &self.loose {
+                    match self.packed.get(name) {
+                        Some(id) => merged.insert(name.clone(), *id),
+                        None => merged.remove(name),
+                    };
+                }
+                merged.extend(loose.iter().cloned());
+            } else {
+                let mut merged = RefMap::clone(&self.packed);
+                merged.extend(loose.iter().cloned());
+                self.merged = Arc::new(merged);
+            }
             self.loose = loose;
         }
         Arc::clone(&self.merged)
@@ -423,5 +436,46 @@ mod tests {
             id(B)
         );
         assert_eq!(kept(git).0, None);
+    }
+
+    #[test]
+    fn a_listing_held_by_a_caller_never_changes_under_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let git = dir.path();
+        std::fs::create_dir_all(git.join("refs/heads/drafts")).expect("mkdir");
+        std::fs::write(
+            git.join("packed-refs"),
+            format!("{A} refs/heads/main\n{A} refs/heads/old\n"),
+        )
+        .expect("write");
+        let packed_only = RefMap::from([
+            ("refs/heads/main".to_owned(), id(A)),
+            ("refs/heads/old".to_owned(), id(A)),
+        ]);
+        std::fs::write(git.join("refs/heads/main"), format!("{B}\n")).expect("write");
+        let held = branches_and_tags(git).expect("lists");
+        // a loose ref moves while `held` is kept: a new listing
+        std::fs::write(git.join("refs/heads/drafts/ws"), format!("{B}\n")).expect("write");
+        std::fs::remove_file(git.join("refs/heads/main")).expect("remove");
+        let next = branches_and_tags(git).expect("lists");
+        assert_eq!(held["refs/heads/main"], id(B));
+        assert!(!held.contains_key("refs/heads/drafts/ws"));
+        let mut expected = packed_only.clone();
+        expected.insert("refs/heads/drafts/ws".to_owned(), id(B));
+        assert_eq!(*next, expected);
+        // released, it is brought up to date in place: a loose ref over a
+        // packed one and a loose ref of its own, both gone again
+        let released = Arc::as_ptr(&next);
+        drop((held, next));
+        std::fs::remove_file(git.join("refs/heads/drafts/ws")).expect("remove");
+        std::fs::write(git.join("refs/heads/old"), format!("{B}\n")).expect("write");
+        let in_place = branches_and_tags(git).expect("lists");
+        assert_eq!(Arc::as_ptr(&in_place), released);
+        let mut expected = packed_only.clone();
+        expected.insert("refs/heads/old".to_owned(), id(B));
+        assert_eq!(*in_place, expected);
+        drop(in_place);
+        std::fs::remove_file(git.join("refs/heads/old")).expect("remove");
+        assert_eq!(*branches_and_tags(git).expect("lists"), packed_only);
     }
 }
