@@ -214,6 +214,46 @@ impl Pack {
     }
 }
 
+/// The ids a version 2 pack index lists, in order; `None` when `idx` is not
+/// one (a bad header, a count its size cannot hold, or ids out of order).
+/// The checksums are not checked here.
+pub fn index_object_ids(idx: &[u8]) -> Option<Vec<ObjectId>> {
+    const HEADER: usize = 8 + 256 * 4;
+    if idx.len() < HEADER + 40 || !idx.starts_with(b"\xfftOc\0\0\0\x02") {
+        return None;
+    }
+    let count = |at: usize| -> Option<usize> {
+        let bytes: [u8; 4] = idx.get(at..at + 4)?.try_into().ok()?;
+        usize::try_from(u32::from_be_bytes(bytes)).ok()
+    };
+    let objects = count(8 + 255 * 4)?;
+    // ids, CRCs and offsets for each, then two checksums
+    let needed = objects.checked_mul(28)?.checked_add(HEADER + 40)?;
+    if idx.len() < needed {
+        return None;
+    }
+    let ids: Vec<ObjectId> = idx[HEADER..HEADER + objects * 20]
+        .chunks_exact(20)
+        .map(ObjectId::try_from)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let mut first_bytes_below = 0;
+    for byte in 0..256 {
+        let end = count(8 + byte * 4)?;
+        if end < first_bytes_below || end > objects {
+            return None;
+        }
+        if ids[first_bytes_below..end]
+            .iter()
+            .any(|id| usize::from(id.as_bytes()[0]) != byte)
+        {
+            return None;
+        }
+        first_bytes_below = end;
+    }
+    ids.windows(2).all(|w| w[0] < w[1]).then_some(ids)
+}
+
 /// SHA-1 of `bytes` without collision detection (several times faster),
 /// for checksums that name nothing an attacker could want to collide: an
 /// index's trailer, a local store's entity tags. Object ids and pack

@@ -35,8 +35,47 @@ pub const FORMAT: u32 = 1;
 /// The largest manifest accepted (about a million refs).
 pub const MAX_MANIFEST_BYTES: usize = 128 << 20;
 
-/// Packs beyond this many are compacted into one on the next save.
+/// Packs beyond this many are compacted on the next save (see [`rollup`]).
 pub const COMPACT_AT: usize = 16;
+
+/// Compaction keeps packs in a geometric progression by object count: each
+/// holds at least this many times the objects of the next smaller one, so
+/// a repository of n objects keeps O(log n) packs, an object is rewritten
+/// O(log n) times in its life, and a compaction rewrites (and every reader
+/// downloads again) the recent small packs, not the whole repository.
+const GEOMETRIC_FACTOR: u64 = 2;
+
+/// The packs (name, object count) to roll into one so that the rest and
+/// the new one are in progression, as `git repack --geometric` chooses
+/// them: the smallest ones up to the largest pack that breaks the
+/// progression with its neighbour below, then each next one smaller than
+/// the factor times all they hold together. Empty when fewer than two.
+fn rollup(packs: &[(String, u64)]) -> Vec<String> {
+    let mut sorted: Vec<&(String, u64)> = packs.iter().collect();
+    sorted.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    let mut split = (1..sorted.len())
+        .rev()
+        .find(|&i| sorted[i].1 < GEOMETRIC_FACTOR.saturating_mul(sorted[i - 1].1))
+        .map_or(0, |i| i + 1);
+    let mut total: u64 = sorted[..split].iter().map(|p| p.1).sum();
+    while split < sorted.len() && sorted[split].1 < GEOMETRIC_FACTOR.saturating_mul(total) {
+        total = total.saturating_add(sorted[split].1);
+        split += 1;
+    }
+    if split < 2 {
+        return Vec::new();
+    }
+    sorted[..split].iter().map(|p| p.0.clone()).collect()
+}
+
+/// What a compaction wrote.
+#[derive(Debug)]
+struct Compaction {
+    pack: String,
+    bytes_written: u64,
+    /// The packs the new one replaces.
+    replaced: Vec<String>,
+}
 
 /// How long a replaced pack stays readable for loaders of older manifests.
 pub const RETIRE_GRACE: Duration = Duration::from_secs(3600);
@@ -752,10 +791,21 @@ impl<S: ObjectStore> Snapshots<S> {
         known: Vec<ObjectId>,
         overwrite: bool,
     ) -> Result<Option<(String, u64)>, SnapshotError> {
+        self.upload_objects(move |repo| repo.missing_objects(&tips, &known), overwrite)
+            .await
+    }
+
+    /// Writes the objects `select` picks from the mirror as one pack and
+    /// uploads it with its index; `None` when it picks none.
+    async fn upload_objects(
+        &self,
+        select: impl FnOnce(&GitRepo) -> Result<Vec<ObjectId>, RepoError> + Send + 'static,
+        overwrite: bool,
+    ) -> Result<Option<(String, u64)>, SnapshotError> {
         let mirror = self.mirror.clone();
         let pack = tokio::task::spawn_blocking(move || {
             let repo = GitRepo::open(&mirror)?;
-            let ids = repo.missing_objects(&tips, &known)?;
+            let ids = select(&repo)?;
             if ids.is_empty() {
                 return Ok::<_, RepoError>(None);
             }
@@ -772,6 +822,9 @@ impl<S: ObjectStore> Snapshots<S> {
             return Ok(None);
         };
         let name = pack.checksum.to_string();
+        // its index kept beside the mirror: a compaction counts and lists
+        // the pack's objects without downloading it
+        self.keep_index(&name, &index)?;
         let mut written = 0u64;
         for (ext, body) in [("pack", pack.bytes), ("idx", index)] {
             written += u64::try_from(body.len()).unwrap_or(u64::MAX);
@@ -900,7 +953,7 @@ impl<S: ObjectStore> Snapshots<S> {
                     _ => ETag(String::new()),
                 };
                 let synced = (*refs != *ours).then_some(&*ours);
-                self.remember(&manifest, &etag, synced, None)?;
+                self.remember(&manifest, &etag, synced, &[])?;
                 return Ok(Saved {
                     etag,
                     pack: None,
@@ -931,20 +984,23 @@ impl<S: ObjectStore> Snapshots<S> {
             manifest.retired.retain(|r| !listed.contains(&r.pack));
             manifest.remote = remote_url.to_owned();
             manifest.fetched_at = now();
-            let mut compacted = false;
+            let mut compacted = None;
             if manifest.packs.len() > COMPACT_AT
-                && let Some((pack, written)) =
-                    self.compact(&self.resolve(&manifest).await?.0).await?
+                && let Some(compaction) = self.compact(&manifest).await?
             {
                 let since = now();
-                for old in std::mem::take(&mut manifest.packs) {
-                    if old != pack {
+                manifest.packs.retain(|p| !compaction.replaced.contains(p));
+                for old in compaction.replaced {
+                    if old != compaction.pack {
+                        self.forget_index(&old);
                         manifest.retired.push(RetiredPack { pack: old, since });
                     }
                 }
-                manifest.packs = vec![pack];
-                bytes_written += written;
-                compacted = true;
+                if !manifest.packs.contains(&compaction.pack) {
+                    manifest.packs.push(compaction.pack.clone());
+                }
+                bytes_written += compaction.bytes_written;
+                compacted = Some(compaction.pack);
             }
             let expired: Vec<String> = manifest
                 .retired
@@ -971,14 +1027,19 @@ impl<S: ObjectStore> Snapshots<S> {
             match self.store.put(&self.manifest_key(), body, condition).await {
                 Ok(etag) => {
                     bytes_written += size;
-                    let pack = uploaded.as_ref().map(|(p, _)| p.as_str());
+                    // packs written here: their objects are in the mirror
+                    let held: Vec<&str> = uploaded
+                        .iter()
+                        .map(|(p, _)| p.as_str())
+                        .chain(compacted.as_deref())
+                        .collect();
                     if in_step {
                         self.memory().resolved = Some((RefsKey::of(&manifest), Arc::clone(&ours)));
-                        self.remember(&manifest, &etag, None, pack)?;
+                        self.remember(&manifest, &etag, None, &held)?;
                     } else {
                         let (refs, _) = self.resolve(&manifest).await?;
                         let synced = (*refs != *ours).then_some(&*ours);
-                        self.remember(&manifest, &etag, synced, pack)?;
+                        self.remember(&manifest, &etag, synced, &held)?;
                     }
                     for base in expired_bases {
                         if manifest.base.as_ref() != Some(&base) {
@@ -997,7 +1058,7 @@ impl<S: ObjectStore> Snapshots<S> {
                         pack: uploaded.map(|(p, _)| p),
                         bytes_written,
                         merges,
-                        compacted,
+                        compacted: compacted.is_some(),
                     });
                 }
                 Err(StoreError::PreconditionFailed { .. } | StoreError::NotFound { .. }) => {
@@ -1049,14 +1110,14 @@ impl<S: ObjectStore> Snapshots<S> {
         })
     }
 
-    /// Records what was saved: the manifest, its tag, and the mirror refs
-    /// it now includes.
+    /// Records what was saved: the manifest, its tag, the mirror refs it
+    /// now includes, and the packs written from the mirror.
     fn remember(
         &self,
         manifest: &Manifest,
         etag: &ETag,
         synced: Option<&RefMap>,
-        uploaded: Option<&str>,
+        written: &[&str],
     ) -> Result<(), SnapshotError> {
         let mut held = self
             .memory()
@@ -1064,23 +1125,49 @@ impl<S: ObjectStore> Snapshots<S> {
             .as_ref()
             .map(|s| s.held_packs.clone())
             .unwrap_or_default();
-        held.extend(uploaded.map(str::to_owned));
+        held.extend(written.iter().map(|p| (*p).to_owned()));
         self.write_state(&LocalState::new(etag, manifest, synced, held))
     }
 
-    /// One pack of everything the manifest's refs reach, if the mirror has
-    /// all of it (else compaction waits for a writer that does).
-    async fn compact(
-        &self,
-        refs: &BTreeMap<String, ObjectId>,
-    ) -> Result<Option<(String, u64)>, SnapshotError> {
-        let tips: Vec<ObjectId> = refs.values().copied().collect();
+    /// Rolls the manifest's smallest packs into one (see [`rollup`]). When
+    /// that is every pack, the new one holds just what the refs reach, so
+    /// objects nothing reaches any more are dropped; otherwise it holds the
+    /// objects of the packs it replaces. `None` when the packs are in
+    /// progression already, or when the mirror lacks an object the new
+    /// pack must hold (a concurrent writer's, not downloaded here): the
+    /// compaction waits for a writer that has them all.
+    async fn compact(&self, manifest: &Manifest) -> Result<Option<Compaction>, SnapshotError> {
+        let mut counted = Vec::with_capacity(manifest.packs.len());
+        let mut objects = BTreeMap::new();
+        for pack in &manifest.packs {
+            let ids = self.pack_object_ids(pack).await?;
+            counted.push((pack.clone(), u64::try_from(ids.len()).unwrap_or(u64::MAX)));
+            objects.insert(pack.clone(), ids);
+        }
+        let replaced = rollup(&counted);
+        if replaced.is_empty() {
+            return Ok(None);
+        }
+        let ids: Vec<ObjectId> = if replaced.len() == manifest.packs.len() {
+            let refs = self.resolve(manifest).await?.0;
+            refs.values().copied().collect()
+        } else {
+            let mut ids: Vec<ObjectId> = replaced
+                .iter()
+                .filter_map(|p| objects.remove(p))
+                .flatten()
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let whole = replaced.len() == manifest.packs.len();
         let mirror = self.mirror.clone();
         let has_all = {
-            let tips = tips.clone();
+            let ids = ids.clone();
             tokio::task::spawn_blocking(move || {
                 let repo = GitRepo::open(&mirror)?;
-                Ok::<_, RepoError>(tips.iter().all(|t| repo.has_object(*t)))
+                Ok::<_, RepoError>(ids.iter().all(|id| repo.has_object(*id)))
             })
             .await
             .map_err(|e| SnapshotError::Task(e.to_string()))??
@@ -1088,7 +1175,67 @@ impl<S: ObjectStore> Snapshots<S> {
         if !has_all {
             return Ok(None);
         }
-        self.upload_pack(tips, Vec::new(), false).await
+        let uploaded = if whole {
+            self.upload_pack(ids, Vec::new(), false).await?
+        } else {
+            self.upload_objects(move |_| Ok(ids), false).await?
+        };
+        Ok(uploaded.map(|(pack, bytes_written)| Compaction {
+            pack,
+            bytes_written,
+            replaced,
+        }))
+    }
+
+    fn kept_index(&self, pack: &str) -> PathBuf {
+        self.mirror
+            .join("porch-pack-index")
+            .join(format!("pack-{pack}.idx"))
+    }
+
+    /// Drops the kept index of a pack compacted away (the mirror still has
+    /// its objects; nothing lists it again).
+    fn forget_index(&self, pack: &str) {
+        let _ = std::fs::remove_file(self.kept_index(pack));
+    }
+
+    /// Keeps the index of a pack this process wrote beside the mirror.
+    fn keep_index(&self, pack: &str, index: &[u8]) -> Result<(), SnapshotError> {
+        let path = self.kept_index(pack);
+        let dir = self.mirror.join("porch-pack-index");
+        std::fs::create_dir_all(&dir).map_err(Self::io("create", &dir))?;
+        let tmp = dir.join(format!(".tmp-pack-{pack}.idx"));
+        std::fs::write(&tmp, index).map_err(Self::io("write", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(Self::io("rename", &path))
+    }
+
+    /// The ids of the objects in a pack of the snapshot, from its index:
+    /// the mirror's copy (a downloaded pack), the one kept beside it (a
+    /// pack this process wrote), else the store's (then kept).
+    async fn pack_object_ids(&self, pack: &str) -> Result<Vec<ObjectId>, SnapshotError> {
+        for local in [self.local_pack(pack, "idx"), self.kept_index(pack)] {
+            if let Ok(bytes) = std::fs::read(&local)
+                && let Some(ids) = crate::pack::index_object_ids(&bytes)
+            {
+                return Ok(ids);
+            }
+        }
+        let expected = hex_id(pack).ok_or_else(|| self.corrupt("bad pack name"))?;
+        let key = self.pack_key(pack, "idx");
+        let body = self
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| self.corrupt(format!("{key} is missing")))?
+            .body;
+        let names_pack =
+            body.len() >= 40 && &body[body.len() - 40..body.len() - 20] == expected.as_bytes();
+        let ids = (names_pack && verify_trailer(&body, b"\xfftOc").is_some())
+            .then(|| crate::pack::index_object_ids(&body))
+            .flatten()
+            .ok_or_else(|| self.corrupt(format!("index of pack {pack} is damaged")))?;
+        self.keep_index(pack, &body)?;
+        Ok(ids)
     }
 
     /// Rebuilds the snapshot from the remote: a full fetch into the mirror,
@@ -1183,4 +1330,64 @@ impl<S: ObjectStore> Snapshots<S> {
 pub enum Prepared {
     Loaded(Loaded),
     Rebuilt(Saved),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packs(counts: &[u64]) -> Vec<(String, u64)> {
+        counts
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (format!("p{i:02}"), *n))
+            .collect()
+    }
+
+    fn rolled(counts: &[u64]) -> Vec<u64> {
+        let packs = packs(counts);
+        let mut out: Vec<u64> = rollup(&packs)
+            .iter()
+            .map(|name| packs.iter().find(|(n, _)| n == name).expect("listed").1)
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    #[test]
+    fn the_small_packs_are_rolled_up_and_a_large_one_is_left() {
+        // sixteen saves' packs beside the repository's pack
+        let mut counts = vec![5; 16];
+        counts.push(60_000);
+        assert_eq!(rolled(&counts), vec![5; 16]);
+        // next time the earlier roll-up joins them while it is small
+        let mut counts = vec![5; 15];
+        counts.extend([80, 60_000]);
+        let mut expected = vec![5; 15];
+        expected.push(80);
+        assert_eq!(rolled(&counts), expected);
+        // packs of equal size: all of them (the whole repository)
+        assert_eq!(rolled(&[7, 7, 7]), vec![7, 7, 7]);
+        // a whole repository smaller than twice the new packs: all of it
+        let mut counts = vec![4; 16];
+        counts.push(15);
+        assert_eq!(rolled(&counts).len(), 17);
+    }
+
+    #[test]
+    fn packs_in_progression_are_left_alone() {
+        assert!(rolled(&[1, 2, 4, 8, 16, 32]).is_empty());
+        assert!(rolled(&[3, 100, 1_000]).is_empty());
+        assert!(rolled(&[10]).is_empty());
+        assert!(rolled(&[]).is_empty());
+        // one break low down: only what is below it, and what it then
+        // outweighs
+        assert_eq!(rolled(&[1, 1, 3, 20, 1_000]), vec![1, 1, 3]);
+        assert_eq!(rolled(&[1, 1, 2, 3, 1_000]), vec![1, 1, 2, 3]);
+        // the largest counts an index can hold, and sizes at the edge of
+        // u64, do not overflow
+        let most = u64::from(u32::MAX);
+        assert_eq!(rolled(&[most, most, most]).len(), 3);
+        let _ = rolled(&[u64::MAX, u64::MAX, 1]);
+    }
 }

@@ -788,3 +788,44 @@ fn objects_missing_from_a_target_are_judged_by_what_its_handle_saw_first() {
         .expect("ref");
     git(&target_dir, &["fsck", "--strict", "--no-dangling"]);
 }
+
+/// A pack index is read back to the ids it lists; anything that is not a
+/// whole version 2 index is refused, not read past its end.
+#[test]
+fn the_ids_of_a_pack_index_are_read_and_a_damaged_index_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let tree = repo.write_files(&package()).expect("tree");
+    let who = orchestrator();
+    let commit = repo
+        .commit(tree, &[], "one", &who, &committer(), 0)
+        .expect("commit");
+    let mut ids = repo.missing_objects(&[commit], &[]).expect("objects");
+    let idx = repo.write_pack(&ids).expect("pack").index().expect("index");
+    ids.sort();
+    assert_eq!(porch_git::pack::index_object_ids(&idx), Some(ids));
+
+    let mut damaged = Vec::new();
+    damaged.push(idx[..idx.len() - 41].to_vec());
+    damaged.push(idx[..8 + 1024].to_vec());
+    let mut version = idx.clone();
+    version[7] = 3;
+    damaged.push(version);
+    // a count larger than the file holds
+    let mut count = idx.clone();
+    count[8 + 255 * 4..8 + 256 * 4].copy_from_slice(&u32::MAX.to_be_bytes());
+    damaged.push(count);
+    // a fan-out that goes down
+    let mut fanout = idx.clone();
+    fanout[8 + 254 * 4..8 + 255 * 4].copy_from_slice(&u32::MAX.to_be_bytes());
+    damaged.push(fanout);
+    // ids out of order
+    let mut order = idx.clone();
+    let first = 8 + 1024;
+    let (a, b) = order[first..first + 40].split_at_mut(20);
+    a.swap_with_slice(b);
+    damaged.push(order);
+    for bytes in damaged {
+        assert_eq!(porch_git::pack::index_object_ids(&bytes), None);
+    }
+}

@@ -280,6 +280,74 @@ async fn packs_are_compacted_and_loads_still_work() {
     fsck(reader.mirror());
 }
 
+/// With a repository much larger than what the saves since add, a
+/// compaction rolls up the saves' packs and leaves the repository's pack
+/// alone: a reader downloads the small new pack, not the repository again.
+#[tokio::test]
+async fn a_compaction_rewrites_the_recent_small_packs_not_the_whole_repository() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let up = upstream(root.path());
+    let texts: Vec<(String, String)> = (0..300)
+        .map(|i| (format!("big/f{i}.yaml"), format!("n: {i}\n")))
+        .collect();
+    let files: Vec<(&str, &str)> = texts
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    git_commit_files(&up, "main", &files, "a large package");
+    let store = LocalDirStore::new(root.path().join("store"));
+    let remote = LocalRemote::new(&up);
+    let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
+    writer.prepare(&remote).await.expect("rebuild");
+    let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
+    let LoadOutcome::Loaded(first) = reader.load().await.expect("load") else {
+        panic!("missing")
+    };
+    let [repository_pack] = first.manifest.packs.as_slice() else {
+        panic!("{:?}", first.manifest.packs)
+    };
+
+    let mirror = mirror_of(writer.mirror(), &up);
+    let mut compactions = 0;
+    // one pack per save: the one that makes them more than COMPACT_AT
+    // compacts
+    for i in 0..COMPACT_AT {
+        mirror
+            .apply(draft(&format!("ws{i}"), &format!("u{i}")))
+            .await
+            .expect("draft");
+        compactions += usize::from(writer.save(remote.url()).await.expect("save").compacted);
+    }
+    assert_eq!(compactions, 1);
+    let LoadOutcome::Loaded(loaded) = reader.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(
+        loaded.manifest.packs.len(),
+        2,
+        "{:?}",
+        loaded.manifest.packs
+    );
+    assert!(loaded.manifest.packs.contains(repository_pack));
+    assert_eq!(loaded.packs_downloaded, 1, "only the rolled-up pack");
+    assert_eq!(loaded.manifest.retired.len(), COMPACT_AT);
+    assert_eq!(show_refs(reader.mirror()), show_refs(&up));
+    fsck(reader.mirror());
+    // a cold reader finds every object in the two packs
+    let cold = Snapshots::new(store.clone(), KEY, root.path().join("c")).expect("c");
+    let LoadOutcome::Loaded(cold_loaded) = cold.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(cold_loaded.packs_downloaded, 2);
+    assert_eq!(show_refs(cold.mirror()), show_refs(&up));
+    fsck(cold.mirror());
+    // the writer holds the pack it compacted into: nothing to download
+    let LoadOutcome::Loaded(again) = writer.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(again.packs_downloaded, 0);
+}
+
 #[tokio::test]
 async fn a_corrupt_snapshot_is_rebuilt_from_the_remote() {
     let root = tempfile::tempdir().expect("tempdir");
