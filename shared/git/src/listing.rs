@@ -25,6 +25,51 @@ use std::time::{Duration, SystemTime};
 /// id).
 pub type RefMap = BTreeMap<String, ObjectId>;
 
+/// The names whose ids differ between two listings, in name order, each
+/// with its id before and after (`None`: absent). One pass over both
+/// sorted maps: a lookup per name of a 20,000-ref listing in the other
+/// costs more than the walk itself.
+pub fn differences<'a>(
+    before: &'a RefMap,
+    after: &'a RefMap,
+) -> Vec<(&'a str, Option<ObjectId>, Option<ObjectId>)> {
+    let mut out = Vec::new();
+    if std::ptr::eq(before, after) {
+        return out;
+    }
+    let (mut old, mut new) = (before.iter().peekable(), after.iter().peekable());
+    loop {
+        match (old.peek(), new.peek()) {
+            (None, None) => return out,
+            (Some((name, id)), None) => {
+                out.push((name.as_str(), Some(**id), None));
+                old.next();
+            }
+            (None, Some((name, id))) => {
+                out.push((name.as_str(), None, Some(**id)));
+                new.next();
+            }
+            (Some((a, a_id)), Some((b, b_id))) => match a.cmp(b) {
+                std::cmp::Ordering::Less => {
+                    out.push((a.as_str(), Some(**a_id), None));
+                    old.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    out.push((b.as_str(), None, Some(**b_id)));
+                    new.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if a_id != b_id {
+                        out.push((a.as_str(), Some(**a_id), Some(**b_id)));
+                    }
+                    old.next();
+                    new.next();
+                }
+            },
+        }
+    }
+}
+
 /// Repositories whose `packed-refs` parse is kept; more drop them all.
 const MAX_REPOSITORIES: usize = 64;
 
@@ -477,5 +522,41 @@ mod tests {
         drop(in_place);
         std::fs::remove_file(git.join("refs/heads/old")).expect("remove");
         assert_eq!(*branches_and_tags(git).expect("lists"), packed_only);
+    }
+
+    #[test]
+    fn differences_are_found_in_one_walk_as_lookups_would_find_them() {
+        let names = [
+            "refs/heads/a",
+            "refs/heads/b",
+            "refs/heads/c",
+            "refs/tags/a/v1",
+            "refs/tags/z",
+        ];
+        // every pair of maps over these names with ids A, B or absent
+        let maps: Vec<RefMap> = (0..3usize.pow(5))
+            .map(|mut code| {
+                let mut map = RefMap::new();
+                for name in names {
+                    match code % 3 {
+                        1 => drop(map.insert(name.to_owned(), id(A))),
+                        2 => drop(map.insert(name.to_owned(), id(B))),
+                        _ => {}
+                    }
+                    code /= 3;
+                }
+                map
+            })
+            .collect();
+        for before in &maps {
+            for after in maps.iter().step_by(7) {
+                let by_lookup: Vec<(&str, Option<ObjectId>, Option<ObjectId>)> = names
+                    .iter()
+                    .map(|n| (*n, before.get(*n).copied(), after.get(*n).copied()))
+                    .filter(|(_, old, new)| old != new)
+                    .collect();
+                assert_eq!(differences(before, after), by_lookup);
+            }
+        }
     }
 }

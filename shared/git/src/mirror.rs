@@ -92,25 +92,18 @@ pub fn ref_changes(
     before: &BTreeMap<String, ObjectId>,
     after: &BTreeMap<String, ObjectId>,
 ) -> Vec<RefUpdate> {
-    let mut updates = Vec::new();
-    for (name, id) in after {
-        if mirrored(name) && before.get(name) != Some(id) {
-            updates.push(RefUpdate {
-                name: name.clone(),
-                expected: before.get(name).copied(),
-                new: Some(*id),
-            });
-        }
-    }
-    for (name, id) in before {
-        if mirrored(name) && !after.contains_key(name) {
-            updates.push(RefUpdate {
-                name: name.clone(),
-                expected: Some(*id),
-                new: None,
-            });
-        }
-    }
+    let (mut updates, mut deletions): (Vec<RefUpdate>, Vec<RefUpdate>) =
+        crate::listing::differences(before, after)
+            .into_iter()
+            .filter(|(name, _, _)| mirrored(name))
+            .map(|(name, expected, new)| RefUpdate {
+                name: name.to_owned(),
+                expected,
+                new,
+            })
+            .partition(|u| u.new.is_some());
+    // updates and creations first, then deletions, each in name order
+    updates.append(&mut deletions);
     updates
 }
 

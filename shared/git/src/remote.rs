@@ -315,10 +315,9 @@ impl Remote for LocalRemote {
                     if refs == current {
                         return Ok(refs);
                     }
-                    let tips: Vec<ObjectId> = refs
-                        .iter()
-                        .filter(|(name, id)| current.get(*name) != Some(id))
-                        .map(|(_, id)| *id)
+                    let tips: Vec<ObjectId> = crate::listing::differences(&current, &refs)
+                        .into_iter()
+                        .filter_map(|(_, _, id)| id)
                         .collect();
                     Self::copy_objects(&from, &to, &tips)?;
                     to.mirror_refs_from(&current, &refs)?;

@@ -761,37 +761,34 @@ impl GitRepo {
         if current == refs {
             return Ok(());
         }
-        let mut edits = Vec::new();
-        for (name, id) in refs {
-            let full = FullName::try_from(name.as_str()).map_err(git("parse a ref name"))?;
+        let checked = |name: &str| -> Result<FullName, RepoError> {
+            let full = FullName::try_from(name).map_err(git("parse a ref name"))?;
             if !mirrored(name) {
                 return Err(RepoError::Git {
                     step: "mirror the remote's refs",
                     source: format!("{name} is not a branch or tag").into(),
                 });
             }
-            if current.get(name) != Some(id) && edits.len() <= FEW {
-                edits.push(RefEdit {
-                    change: Change::Update {
+            Ok(full)
+        };
+        // only the names that change are looked at while they are few
+        let differences = crate::listing::differences(current, refs);
+        let mut edits = Vec::new();
+        for (name, _, id) in differences.iter().take(FEW + 1) {
+            let name = checked(name)?;
+            edits.push(RefEdit {
+                change: match id {
+                    Some(id) => Change::Update {
                         log: LogChange::default(),
                         expected: PreviousValue::Any,
                         new: Target::Object(*id),
                     },
-                    name: full,
-                    deref: false,
-                });
-            }
-        }
-        for name in current.keys().filter(|n| !refs.contains_key(*n)) {
-            if edits.len() > FEW {
-                break;
-            }
-            edits.push(RefEdit {
-                change: Change::Delete {
-                    expected: PreviousValue::Any,
-                    log: RefLog::AndReference,
+                    None => Change::Delete {
+                        expected: PreviousValue::Any,
+                        log: RefLog::AndReference,
+                    },
                 },
-                name: FullName::try_from(name.as_str()).map_err(git("parse a ref name"))?,
+                name,
                 deref: false,
             });
         }
@@ -803,6 +800,9 @@ impl GitRepo {
         // One packed-refs file written whole, then the loose branch and tag
         // files removed: a mirror of a large remote would otherwise create
         // (and later read) one file per ref.
+        for name in refs.keys() {
+            checked(name)?;
+        }
         let dir = self.repo.path();
         let packed = dir.join("packed-refs");
         let mut lines = String::from("# pack-refs with: sorted \n");

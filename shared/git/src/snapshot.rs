@@ -872,19 +872,11 @@ impl<S: ObjectStore> Snapshots<S> {
             None => Arc::new(RefMap::new()),
         };
         // our changes since the mirror was last in step with the snapshot
-        let mut changes: BTreeMap<String, Option<ObjectId>> = BTreeMap::new();
-        if !Arc::ptr_eq(&ours, &synced) {
-            for (name, id) in ours.iter() {
-                if synced.get(name) != Some(id) {
-                    changes.insert(name.clone(), Some(*id));
-                }
-            }
-            for name in synced.keys() {
-                if !ours.contains_key(name) {
-                    changes.insert(name.clone(), None);
-                }
-            }
-        }
+        let changes: BTreeMap<String, Option<ObjectId>> =
+            crate::listing::differences(&synced, &ours)
+                .into_iter()
+                .map(|(name, _, id)| (name.to_owned(), id))
+                .collect();
         // nothing moved since the snapshot: no objects are new either
         if changes.is_empty()
             && !overwrite
