@@ -207,11 +207,16 @@ impl GitRepo {
     /// # Errors
     /// No repository at `path`.
     pub fn open(path: &Path) -> Result<Self, RepoError> {
-        let mut repo =
-            gix::open_opts(path, gix::open::Options::isolated()).map_err(|e| RepoError::Open {
-                path: path.display().to_string(),
-                source: Box::new(e),
-            })?;
+        // Objects are what their ids name: no `refs/replace/` substitutes
+        // (which `git` itself ignores when it serves a pack), and no scan
+        // of a 1 MB `packed-refs` for them at every open of a large
+        // repository.
+        let options =
+            gix::open::Options::isolated().config_overrides(["core.useReplaceRefs=false"]);
+        let mut repo = gix::open_opts(path, options).map_err(|e| RepoError::Open {
+            path: path.display().to_string(),
+            source: Box::new(e),
+        })?;
         repo.objects.set_object_cache(|| Box::new(LargeTrees));
         Ok(Self {
             repo,

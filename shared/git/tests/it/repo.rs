@@ -829,3 +829,35 @@ fn the_ids_of_a_pack_index_are_read_and_a_damaged_index_is_refused() {
         assert_eq!(porch_git::pack::index_object_ids(&bytes), None);
     }
 }
+
+/// A `refs/replace/` ref does not change what an id reads as: a mirror's
+/// objects are the ones their ids name, as `git` serves them.
+#[test]
+fn replace_refs_do_not_substitute_objects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = GitRepo::init_bare(dir.path()).expect("init");
+    let who = orchestrator();
+    let real = repo.write_files(&package()).expect("tree");
+    let commit = repo
+        .commit(real, &[], "real", &who, &committer(), 0)
+        .expect("commit");
+    let mut other = package();
+    other.insert("planted.yaml".to_owned(), b"a: 1\n".to_vec());
+    let planted_tree = repo.write_files(&other).expect("tree");
+    let planted = repo
+        .commit(planted_tree, &[], "planted", &who, &committer(), 0)
+        .expect("commit");
+    git(
+        dir.path(),
+        &[
+            "update-ref",
+            &format!("refs/replace/{commit}"),
+            &planted.to_string(),
+        ],
+    );
+    // git's porcelain honours the replacement; a handle of ours does not
+    let shown = git(dir.path(), &["ls-tree", "--name-only", &commit.to_string()]);
+    assert!(shown.contains("planted.yaml"), "{shown}");
+    let reopened = GitRepo::open(dir.path()).expect("open");
+    assert_eq!(reopened.read_files(commit, "").expect("read"), package());
+}
