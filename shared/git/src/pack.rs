@@ -137,6 +137,148 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     i
 }
 
+/// What a walk for objects to send found.
+#[derive(Debug, Default)]
+struct Found {
+    seen: HashSet<ObjectId>,
+    /// The objects, in the order found.
+    out: Vec<ObjectId>,
+    /// New trees with the tree at their path in the first parent commit.
+    pairs: DeltaBases,
+}
+
+/// New trees, each with the tree at its path in its commit's first
+/// parent: the bases [`GitRepo::write_thin_pack`] may store them against.
+pub type DeltaBases = Vec<(ObjectId, ObjectId)>;
+
+/// Large trees a pack holds, with how many deltas each stands on (0:
+/// stored whole).
+pub type TreeDepths = Vec<(ObjectId, u8)>;
+
+/// How many deltas a large tree in a snapshot may stand on, one pack
+/// each: gix resolves a base in another pack by recursion, up to 32 deep.
+pub const MAX_DELTA_DEPTH: u8 = 8;
+
+/// A git delta (as `OBJ_REF_DELTA` and `OBJ_OFS_DELTA` entries hold)
+/// that makes the tree `target` from the tree `base`: the two are walked
+/// entry by entry in git's order, runs of entries they share are copied
+/// from the base (found with one `memcmp` each, as in
+/// [`GitRepo::new_tree_objects`]), and the target's other entries are
+/// inserted. A root tree with a few packages changed is a few copies and
+/// inserts. `None` when more than half of `target` would be inserted
+/// (storing it whole is as good), or for a malformed tree.
+pub(crate) fn tree_delta(base: &[u8], target: &[u8]) -> Option<Vec<u8>> {
+    let mut delta = Vec::with_capacity(256);
+    let varint = |delta: &mut Vec<u8>, mut n: usize| {
+        while n >= 0x80 {
+            delta.push((n & 0x7f) as u8 | 0x80);
+            n >>= 7;
+        }
+        delta.push(n as u8);
+    };
+    varint(&mut delta, base.len());
+    varint(&mut delta, target.len());
+    let (mut a, mut b) = (0, 0); // in target, in base
+    // the pending copy (from, len) in the base and insert (from) in the target
+    let mut copy: Option<(usize, usize)> = None;
+    let mut insert_from = 0;
+    let mut inserted = 0;
+    let flush_insert = |delta: &mut Vec<u8>, from: usize, to: usize| {
+        for chunk in target[from..to].chunks(0x7f) {
+            delta.push(chunk.len() as u8);
+            delta.extend_from_slice(chunk);
+        }
+    };
+    loop {
+        let mut common = common_prefix(&target[a..], &base[b..]);
+        let mut run = 0;
+        while a + run < target.len() && b + run < base.len() {
+            let len = RawEntry::at(&target[a + run..]).ok()?.len;
+            if len > common {
+                break;
+            }
+            common -= len;
+            run += len;
+        }
+        if run > 0 {
+            flush_insert(&mut delta, insert_from, a);
+            copy = match copy {
+                Some((from, len)) if from + len == b => Some((from, len + run)),
+                Some((from, len)) => {
+                    copy_instructions(&mut delta, from, len)?;
+                    Some((b, run))
+                }
+                None => Some((b, run)),
+            };
+            a += run;
+            b += run;
+            insert_from = a;
+        }
+        if a == target.len() {
+            break;
+        }
+        let entry = RawEntry::at(&target[a..]).ok()?;
+        let order = if b == base.len() {
+            std::cmp::Ordering::Greater
+        } else {
+            let other = RawEntry::at(&base[b..]).ok()?;
+            git_order(
+                other.name,
+                other.mode.is_tree(),
+                entry.name,
+                entry.mode.is_tree(),
+            )
+        };
+        match order {
+            // gone from the target
+            std::cmp::Ordering::Less => b += RawEntry::at(&base[b..]).ok()?.len,
+            ordering => {
+                if let Some((from, len)) = copy.take() {
+                    copy_instructions(&mut delta, from, len)?;
+                }
+                if ordering == std::cmp::Ordering::Equal {
+                    b += RawEntry::at(&base[b..]).ok()?.len;
+                }
+                a += entry.len;
+                inserted += entry.len;
+            }
+        }
+    }
+    flush_insert(&mut delta, insert_from, a);
+    if let Some((from, len)) = copy {
+        copy_instructions(&mut delta, from, len)?;
+    }
+    (inserted <= target.len() / 2).then_some(delta)
+}
+
+/// Copy instructions for `len` bytes of the base from `offset`: a byte
+/// with the high bit set and a bit for each offset byte (4) and size byte
+/// (3) that follows, the zero ones left out.
+fn copy_instructions(delta: &mut Vec<u8>, mut offset: usize, mut len: usize) -> Option<()> {
+    const MAX_COPY: usize = 0x00ff_ffff;
+    while len > 0 {
+        let size = len.min(MAX_COPY);
+        let offset32 = u32::try_from(offset).ok()?;
+        let at = delta.len();
+        delta.push(0x80);
+        for (i, byte) in offset32.to_le_bytes().into_iter().enumerate() {
+            if byte != 0 {
+                delta[at] |= 1 << i;
+                delta.push(byte);
+            }
+        }
+        for (i, byte) in (size as u32).to_le_bytes().into_iter().take(3).enumerate() {
+            if byte != 0 {
+                delta[at] |= 0x10 << i;
+                delta.push(byte);
+            }
+        }
+        offset += size;
+        len -= size;
+    }
+    Some(())
+}
+
 /// A pack in memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pack {
@@ -343,17 +485,7 @@ impl PackWriter {
             gix::object::Kind::Blob => 3,
             gix::object::Kind::Tag => 4,
         };
-        // type and size: 3 bits of type and 4 of size, then 7 bits of size
-        // per byte while the high bit says more follow
-        let mut size = data.len() as u64;
-        let mut byte = (code << 4) | (size & 0x0f) as u8;
-        size >>= 4;
-        while size > 0 {
-            self.bytes.push(byte | 0x80);
-            byte = (size & 0x7f) as u8;
-            size >>= 7;
-        }
-        self.bytes.push(byte);
+        self.entry_header(code, data.len());
         // a large tree is mostly object ids, which do not compress: level
         // 1 saved 30% of a 10,000-entry root tree at ten times the time
         let deflate = if kind == gix::object::Kind::Tree && data.len() >= LARGE_TREE {
@@ -363,6 +495,40 @@ impl PackWriter {
             &mut self.deflate
         };
         deflate_into(deflate, data, &mut self.bytes)?;
+        self.entries.push(PackEntry {
+            id,
+            offset: offset as u64,
+            crc32: crc32fast::hash(&self.bytes[offset..]),
+        });
+        Ok(())
+    }
+
+    /// An entry's type and size: 3 bits of type and 4 of size, then 7
+    /// bits of size per byte while the high bit says more follow.
+    fn entry_header(&mut self, code: u8, size: usize) {
+        let mut size = size as u64;
+        let mut byte = (code << 4) | (size & 0x0f) as u8;
+        size >>= 4;
+        while size > 0 {
+            self.bytes.push(byte | 0x80);
+            byte = (size & 0x7f) as u8;
+            size >>= 7;
+        }
+        self.bytes.push(byte);
+    }
+
+    /// Adds `id` as a delta against `base`, an object outside the pack
+    /// (`OBJ_REF_DELTA`, type 7: the base's id, then the delta).
+    fn add_ref_delta(
+        &mut self,
+        id: ObjectId,
+        base: ObjectId,
+        delta: &[u8],
+    ) -> Result<(), RepoError> {
+        let offset = self.bytes.len();
+        self.entry_header(7, delta.len());
+        self.bytes.extend_from_slice(base.as_bytes());
+        deflate_into(&mut self.deflate, delta, &mut self.bytes)?;
         self.entries.push(PackEntry {
             id,
             offset: offset as u64,
@@ -489,10 +655,26 @@ impl GitRepo {
         tips: &[ObjectId],
         known: &[ObjectId],
     ) -> Result<Vec<ObjectId>, RepoError> {
+        Ok(self.missing_objects_and_bases(tips, known)?.0)
+    }
+
+    /// [`Self::missing_objects`], with each new tree paired with the tree
+    /// at its path in its commit's first parent (where that differs): the
+    /// base a snapshot pack may store it as a delta against
+    /// ([`Self::write_thin_pack`]).
+    ///
+    /// # Errors
+    /// A missing or unreadable object under `tips`.
+    pub fn missing_objects_and_bases(
+        &self,
+        tips: &[ObjectId],
+        known: &[ObjectId],
+    ) -> Result<(Vec<ObjectId>, DeltaBases), RepoError> {
         let known_set: HashSet<ObjectId> = known.iter().copied().collect();
-        self.objects_to_send(tips, &|id| known_set.contains(id), &|| {
+        let found = self.objects_to_send(tips, &|id| known_set.contains(id), &|| {
             Ok(known_set.iter().copied().collect())
-        })
+        })?;
+        Ok((found.out, found.pairs))
     }
 
     /// The ids of the objects reachable from `tips` that `target` lacks:
@@ -508,9 +690,11 @@ impl GitRepo {
         tips: &[ObjectId],
         target: &GitRepo,
     ) -> Result<Vec<ObjectId>, RepoError> {
-        self.objects_to_send(tips, &|id| target.has_object_without_rescan(*id), &|| {
-            Ok(target.try_refs_unpeeled()?.into_values().collect())
-        })
+        Ok(self
+            .objects_to_send(tips, &|id| target.has_object_without_rescan(*id), &|| {
+                Ok(target.try_refs_unpeeled()?.into_values().collect())
+            })?
+            .out)
     }
 
     /// The objects reachable from `tips` and not from commits for which
@@ -521,12 +705,12 @@ impl GitRepo {
         tips: &[ObjectId],
         known: &dyn Fn(&ObjectId) -> bool,
         hidden: &dyn Fn() -> Result<Vec<ObjectId>, RepoError>,
-    ) -> Result<Vec<ObjectId>, RepoError> {
+    ) -> Result<Found, RepoError> {
         let mut tips: Vec<ObjectId> = tips.iter().copied().filter(|t| !known(t)).collect();
         tips.sort();
         tips.dedup();
         if tips.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Found::default());
         }
         // annotated tags are sent themselves, their commits walked
         let mut tag_objects = Vec::new();
@@ -597,23 +781,26 @@ impl GitRepo {
                 commits
             }
         };
-        let mut seen: HashSet<ObjectId> = tag_objects.iter().copied().collect();
-        let mut out = tag_objects;
+        let mut found = Found {
+            seen: tag_objects.iter().copied().collect(),
+            out: tag_objects,
+            pairs: Vec::new(),
+        };
         for tree in tree_tips {
-            self.new_tree_objects(tree, None, &mut seen, &mut out)?;
+            self.new_tree_objects(tree, None, &mut found)?;
         }
         for commit in commits {
             let (tree, parents) = self.commit_tree_and_parents(commit)?;
-            out.push(commit);
+            found.out.push(commit);
             // what differs from the first parent is a superset of what
             // differs from all of them: a merge sends a few objects twice
             let first_parent_tree = parents
                 .first()
                 .map(|p| self.commit_tree_and_parents(*p).map(|(t, _)| t))
                 .transpose()?;
-            self.new_tree_objects(tree, first_parent_tree, &mut seen, &mut out)?;
+            self.new_tree_objects(tree, first_parent_tree, &mut found)?;
         }
-        Ok(out)
+        Ok(found)
     }
 
     /// The commits from `tips` back to the first known ones, when that
@@ -676,21 +863,21 @@ impl GitRepo {
         &self,
         tree: ObjectId,
         parent: Option<ObjectId>,
-        seen: &mut HashSet<ObjectId>,
-        out: &mut Vec<ObjectId>,
+        found: &mut Found,
     ) -> Result<(), RepoError> {
-        if parent == Some(tree) || !seen.insert(tree) {
+        if parent == Some(tree) || !found.seen.insert(tree) {
             return Ok(());
         }
-        out.push(tree);
+        found.out.push(tree);
         if let Some(parent) = parent {
-            return self.tree_changes(tree, parent, seen, out);
+            found.pairs.push((tree, parent));
+            return self.tree_changes(tree, parent, found);
         }
         let own = self.find_tree(tree)?.detach().data;
         let mut at = 0;
         while at < own.len() {
             let entry = RawEntry::at(&own[at..])?;
-            self.new_entry(&entry, None, seen, out)?;
+            self.new_entry(&entry, None, found)?;
             at += entry.len;
         }
         Ok(())
@@ -705,8 +892,7 @@ impl GitRepo {
         &self,
         tree: ObjectId,
         parent: ObjectId,
-        seen: &mut HashSet<ObjectId>,
-        out: &mut Vec<ObjectId>,
+        found: &mut Found,
     ) -> Result<(), RepoError> {
         let own = self.find_tree(tree)?.detach().data;
         let theirs = self.find_tree(parent)?.detach().data;
@@ -727,7 +913,7 @@ impl GitRepo {
             }
             let entry = RawEntry::at(&own[a..])?;
             if b == theirs.len() {
-                self.new_entry(&entry, None, seen, out)?;
+                self.new_entry(&entry, None, found)?;
                 a += entry.len;
                 continue;
             }
@@ -740,11 +926,11 @@ impl GitRepo {
             ) {
                 std::cmp::Ordering::Less => b += other.len,
                 std::cmp::Ordering::Greater => {
-                    self.new_entry(&entry, None, seen, out)?;
+                    self.new_entry(&entry, None, found)?;
                     a += entry.len;
                 }
                 std::cmp::Ordering::Equal => {
-                    self.new_entry(&entry, Some(other.id), seen, out)?;
+                    self.new_entry(&entry, Some(other.id), found)?;
                     a += entry.len;
                     b += other.len;
                 }
@@ -758,18 +944,17 @@ impl GitRepo {
         &self,
         entry: &RawEntry<'_>,
         before: Option<ObjectId>,
-        seen: &mut HashSet<ObjectId>,
-        out: &mut Vec<ObjectId>,
+        found: &mut Found,
     ) -> Result<(), RepoError> {
         if before == Some(entry.id) {
             return Ok(());
         }
         match entry.mode.kind() {
-            EntryKind::Tree => self.new_tree_objects(entry.id, before, seen, out),
+            EntryKind::Tree => self.new_tree_objects(entry.id, before, found),
             EntryKind::Commit => Ok(()), // a submodule's commit lives elsewhere
             EntryKind::Blob | EntryKind::BlobExecutable | EntryKind::Link => {
-                if seen.insert(entry.id) {
-                    out.push(entry.id);
+                if found.seen.insert(entry.id) {
+                    found.out.push(entry.id);
                 }
                 Ok(())
             }
@@ -798,6 +983,66 @@ impl GitRepo {
             writer.add(*id, object.kind, &object.data)?;
         }
         writer.finish()
+    }
+
+    /// A pack of `ids` for a snapshot, which may be thin: a large tree
+    /// paired in `bases` with a tree outside `ids` (so one the snapshot
+    /// holds already) is stored as a delta against it when `depth_of` says
+    /// how many deltas that base stands on and one more stays within
+    /// [`MAX_DELTA_DEPTH`]. A root tree of 10,000 packages with one
+    /// package changed is then a few dozen bytes instead of 350 KB, so the
+    /// pack grows with the change, not with the repository. Other objects
+    /// are whole, as in [`Self::write_pack`]. Also returns the depth each
+    /// large tree was stored at (0: whole).
+    ///
+    /// Only for snapshots, which gix reads (it finds a delta's base in
+    /// another pack): git itself wants every pack on disk complete, so
+    /// packs for remotes are written by [`Self::write_pack`].
+    ///
+    /// # Errors
+    /// A missing object, or a failed pack write.
+    pub fn write_thin_pack(
+        &self,
+        ids: &[ObjectId],
+        bases: &[(ObjectId, ObjectId)],
+        depth_of: &dyn Fn(&ObjectId) -> Option<u8>,
+    ) -> Result<(Pack, TreeDepths), RepoError> {
+        let objects = u32::try_from(ids.len()).map_err(|_| RepoError::Git {
+            step: "write a pack",
+            source: "more than 4 billion objects".into(),
+        })?;
+        let in_pack: HashSet<ObjectId> = ids.iter().copied().collect();
+        let base_of: std::collections::HashMap<ObjectId, ObjectId> = bases
+            .iter()
+            .filter(|(_, base)| !in_pack.contains(base))
+            .copied()
+            .collect();
+        let mut writer = PackWriter::new(objects);
+        let mut depths = Vec::new();
+        for id in ids {
+            let object = self.repo.find_object(*id).map_err(|e| RepoError::Git {
+                step: "read an object to pack",
+                source: Box::new(e),
+            })?;
+            if object.kind == gix::object::Kind::Tree && object.data.len() >= LARGE_TREE {
+                let thin = base_of.get(id).and_then(|base| {
+                    let depth = depth_of(base)?.checked_add(1)?;
+                    (depth <= MAX_DELTA_DEPTH).then_some((*base, depth))
+                });
+                let delta = thin.and_then(|(base, depth)| {
+                    let base_data = self.repo.find_object(base).ok()?;
+                    Some((base, depth, tree_delta(&base_data.data, &object.data)?))
+                });
+                if let Some((base, depth, delta)) = delta {
+                    writer.add_ref_delta(*id, base, &delta)?;
+                    depths.push((*id, depth));
+                    continue;
+                }
+                depths.push((*id, 0));
+            }
+            writer.add(*id, object.kind, &object.data)?;
+        }
+        Ok((writer.finish()?, depths))
     }
 
     /// Installs a pack this process wrote, with its index, in

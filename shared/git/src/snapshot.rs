@@ -19,6 +19,7 @@
 //! the source of truth: a missing or corrupt snapshot is rebuilt from it.
 
 use crate::listing::RefMap;
+use crate::pack::{Pack, TreeDepths};
 use crate::remote::{Remote, RemoteError};
 use crate::repo::{GitRepo, RepoError};
 use crate::store::{ETag, Fetched, ObjectStore, PutCondition, StoreError, validate_key};
@@ -66,6 +67,15 @@ fn rollup(packs: &[(String, u64)]) -> Vec<String> {
         return Vec::new();
     }
     sorted[..split].iter().map(|p| p.0.clone()).collect()
+}
+
+/// A pack a save or a compaction uploaded.
+#[derive(Debug)]
+struct Uploaded {
+    pack: String,
+    bytes: u64,
+    /// The large trees in it, with the deltas each stands on (0: whole).
+    depths: TreeDepths,
 }
 
 /// What a compaction wrote.
@@ -375,7 +385,15 @@ struct Memory {
     base: Option<(String, Arc<RefMap>)>,
     /// The refs a manifest last resolved to.
     resolved: Option<(RefsKey, Arc<RefMap>)>,
+    /// Large trees this process saved in a listed pack, with how many
+    /// deltas each is stored on at most (a compaction only lowers that):
+    /// the bases a save may store a tree as a delta against.
+    tree_depths: std::collections::HashMap<ObjectId, u8>,
 }
+
+/// How many large trees [`Memory::tree_depths`] keeps before it starts
+/// again (then the next save of each tree stores it whole).
+const MAX_TREE_DEPTHS: usize = 4096;
 
 /// What a manifest's refs resolve from: its base and its changes to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -785,40 +803,52 @@ impl<S: ObjectStore> Snapshots<S> {
     /// `known`, installing it locally too. Returns its checksum and size.
     /// With `overwrite`, a pack already stored under the same name is
     /// replaced (a rebuild after damage); else it is taken as written.
+    /// Large trees may be stored as deltas against trees the snapshot
+    /// holds ([`GitRepo::write_thin_pack`]), when this process saved those
+    /// and knows how deep they are stored.
     async fn upload_pack(
         &self,
         tips: Vec<ObjectId>,
         known: Vec<ObjectId>,
         overwrite: bool,
-    ) -> Result<Option<(String, u64)>, SnapshotError> {
-        self.upload_objects(move |repo| repo.missing_objects(&tips, &known), overwrite)
-            .await
+    ) -> Result<Option<Uploaded>, SnapshotError> {
+        let depths = self.memory().tree_depths.clone();
+        self.upload_objects(
+            move |repo| {
+                let (ids, bases) = repo.missing_objects_and_bases(&tips, &known)?;
+                if ids.is_empty() {
+                    return Ok(None);
+                }
+                let depth_of = |id: &ObjectId| depths.get(id).copied();
+                Ok(Some(repo.write_thin_pack(&ids, &bases, &depth_of)?))
+            },
+            overwrite,
+        )
+        .await
     }
 
-    /// Writes the objects `select` picks from the mirror as one pack and
-    /// uploads it with its index; `None` when it picks none.
+    /// Writes the pack `write` makes from the mirror and uploads it with
+    /// its index; `None` when it writes none.
     async fn upload_objects(
         &self,
-        select: impl FnOnce(&GitRepo) -> Result<Vec<ObjectId>, RepoError> + Send + 'static,
+        write: impl FnOnce(&GitRepo) -> Result<Option<(Pack, TreeDepths)>, RepoError> + Send + 'static,
         overwrite: bool,
-    ) -> Result<Option<(String, u64)>, SnapshotError> {
+    ) -> Result<Option<Uploaded>, SnapshotError> {
         let mirror = self.mirror.clone();
         let pack = tokio::task::spawn_blocking(move || {
             let repo = GitRepo::open(&mirror)?;
-            let ids = select(&repo)?;
-            if ids.is_empty() {
-                return Ok::<_, RepoError>(None);
-            }
             // not installed into the mirror, which has these objects
             // already: one more pack per save would make every object
             // lookup search one more index
-            let pack = repo.write_pack(&ids)?;
+            let Some((pack, depths)) = write(&repo)? else {
+                return Ok::<_, RepoError>(None);
+            };
             let index = pack.index()?;
-            Ok(Some((pack, index)))
+            Ok(Some((pack, index, depths)))
         })
         .await
         .map_err(|e| SnapshotError::Task(e.to_string()))??;
-        let Some((pack, index)) = pack else {
+        let Some((pack, index, depths)) = pack else {
             return Ok(None);
         };
         let name = pack.checksum.to_string();
@@ -843,7 +873,11 @@ impl<S: ObjectStore> Snapshots<S> {
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(Some((name, written)))
+        Ok(Some(Uploaded {
+            pack: name,
+            bytes: written,
+            depths,
+        }))
     }
 
     /// Saves the mirror's branches and tags: a pack of what is new since
@@ -902,7 +936,7 @@ impl<S: ObjectStore> Snapshots<S> {
             base.values().chain(synced.values()).copied().collect()
         };
         let mut uploaded = self.upload_pack(tips, known, overwrite).await?;
-        let mut bytes_written = uploaded.as_ref().map_or(0, |(_, n)| *n);
+        let mut bytes_written = uploaded.as_ref().map_or(0, |u| u.bytes);
 
         // the snapshot's refs are ours after the save when they were the
         // mirror's before it (the common case: nobody else saved meanwhile)
@@ -959,7 +993,7 @@ impl<S: ObjectStore> Snapshots<S> {
             manifest
                 .retired_bases
                 .retain(|r| Some(&r.pack) != base.as_ref());
-            if let Some((pack, _)) = &uploaded
+            if let Some(Uploaded { pack, .. }) = &uploaded
                 && !manifest.packs.contains(pack)
             {
                 manifest.packs.push(pack.clone());
@@ -1022,9 +1056,12 @@ impl<S: ObjectStore> Snapshots<S> {
                     // packs written here: their objects are in the mirror
                     let held: Vec<&str> = uploaded
                         .iter()
-                        .map(|(p, _)| p.as_str())
+                        .map(|u| u.pack.as_str())
                         .chain(compacted.as_deref())
                         .collect();
+                    if let Some(uploaded) = &uploaded {
+                        self.remember_depths(&uploaded.depths);
+                    }
                     if in_step {
                         self.memory().resolved = Some((RefsKey::of(&manifest), Arc::clone(&ours)));
                         self.remember(&manifest, &etag, None, &held)?;
@@ -1047,7 +1084,7 @@ impl<S: ObjectStore> Snapshots<S> {
                     }
                     return Ok(Saved {
                         etag,
-                        pack: uploaded.map(|(p, _)| p),
+                        pack: uploaded.map(|u| u.pack),
                         bytes_written,
                         merges,
                         compacted: compacted.is_some(),
@@ -1084,9 +1121,10 @@ impl<S: ObjectStore> Snapshots<S> {
                     if let Some((packs, known)) = relisted {
                         let tips: Vec<ObjectId> = changes.values().flatten().copied().collect();
                         let redone = self.upload_pack(tips, known, overwrite).await?;
-                        bytes_written += redone.as_ref().map_or(0, |(_, n)| *n);
-                        if let Some((old, _)) = std::mem::replace(&mut uploaded, redone)
-                            && uploaded.as_ref().is_none_or(|(new, _)| *new != old)
+                        bytes_written += redone.as_ref().map_or(0, |u| u.bytes);
+                        if let Some(Uploaded { pack: old, .. }) =
+                            std::mem::replace(&mut uploaded, redone)
+                            && uploaded.as_ref().is_none_or(|new| new.pack != old)
                         {
                             superseded.push(old);
                         }
@@ -1100,6 +1138,19 @@ impl<S: ObjectStore> Snapshots<S> {
             key: self.key.clone(),
             attempts: SAVE_ATTEMPTS,
         })
+    }
+
+    /// Records how deep the large trees of a pack now listed are stored.
+    fn remember_depths(&self, depths: &[(ObjectId, u8)]) {
+        let mut memory = self.memory();
+        if memory.tree_depths.len() + depths.len() > MAX_TREE_DEPTHS {
+            memory.tree_depths.clear();
+        }
+        for (id, depth) in depths {
+            // another copy may be shallower; the deepest is what counts
+            let known = memory.tree_depths.entry(*id).or_insert(*depth);
+            *known = (*known).max(*depth);
+        }
     }
 
     /// Records what was saved: the manifest, its tag, the mirror refs it
@@ -1167,14 +1218,27 @@ impl<S: ObjectStore> Snapshots<S> {
         if !has_all {
             return Ok(None);
         }
-        let uploaded = if whole {
-            self.upload_pack(ids, Vec::new(), false).await?
-        } else {
-            self.upload_objects(move |_| Ok(ids), false).await?
-        };
-        Ok(uploaded.map(|(pack, bytes_written)| Compaction {
+        // every object whole: a compaction ends the delta chains of the
+        // packs it replaces
+        let uploaded = self
+            .upload_objects(
+                move |repo| {
+                    let ids = if whole {
+                        repo.missing_objects(&ids, &[])?
+                    } else {
+                        ids
+                    };
+                    if ids.is_empty() {
+                        return Ok(None);
+                    }
+                    Ok(Some((repo.write_pack(&ids)?, Vec::new())))
+                },
+                false,
+            )
+            .await?;
+        Ok(uploaded.map(|Uploaded { pack, bytes, .. }| Compaction {
             pack,
-            bytes_written,
+            bytes_written: bytes,
             replaced,
         }))
     }

@@ -861,3 +861,104 @@ fn replace_refs_do_not_substitute_objects() {
     let reopened = GitRepo::open(dir.path()).expect("open");
     assert_eq!(reopened.read_files(commit, "").expect("read"), package());
 }
+
+/// A snapshot pack stores a large tree as a delta against the tree at its
+/// path in the parent commit: git resolves it against the base (so the
+/// delta is git's format and makes exactly the new tree), gix reads it
+/// with the base in another pack, and a base stored too deep, unknown, or
+/// inside the pack itself gives the whole tree.
+#[test]
+fn a_thin_snapshot_pack_stores_a_large_tree_as_a_delta_git_resolves() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let source_dir = tmp.path().join("source.git");
+    let source = GitRepo::init_bare(&source_dir).expect("init");
+    let who = orchestrator();
+    let mut files: Files = (0..700)
+        .map(|i| (format!("pkg-{i:03}/Kptfile"), format!("k{i}").into_bytes()))
+        .collect();
+    let first_tree = source.write_files(&files).expect("tree");
+    let first = source
+        .commit(first_tree, &[], "one", &who, &who, 1)
+        .expect("commit");
+    files.insert("pkg-350/Kptfile".into(), b"changed".to_vec());
+    files.insert("pkg-999/Kptfile".into(), b"added".to_vec());
+    let second_tree = source.write_files(&files).expect("tree");
+    let second = source
+        .commit(second_tree, &[first], "two", &who, &who, 2)
+        .expect("commit");
+    let (ids, bases) = source
+        .missing_objects_and_bases(&[second], &[first])
+        .expect("objects");
+    assert!(bases.contains(&(second_tree, first_tree)), "{bases:?}");
+    let whole = source.write_pack(&ids).expect("pack");
+    let (thin, depths) = source
+        .write_thin_pack(&ids, &bases, &|id| (*id == first_tree).then_some(3))
+        .expect("thin pack");
+    assert_eq!(depths, vec![(second_tree, 4)]);
+    assert_eq!(thin.objects, whole.objects);
+    assert!(
+        thin.bytes.len() < 1024 && whole.bytes.len() > 20_000,
+        "thin {} bytes, whole {}",
+        thin.bytes.len(),
+        whole.bytes.len()
+    );
+
+    // git: completed against the base in the source, the pack holds the
+    // ids ours says (index-pack hashes what each delta makes)
+    let pack_path = tmp.path().join("thin.pack");
+    std::fs::write(&pack_path, &thin.bytes).expect("write pack");
+    let mut index_pack = git_command();
+    index_pack
+        .arg("--git-dir")
+        .arg(&source_dir)
+        .args(["index-pack", "--stdin", "--fix-thin"])
+        .stdin(std::fs::File::open(&pack_path).expect("open"));
+    run(index_pack);
+    let completed = git(&source_dir, &["count-objects", "-v"]);
+    assert!(completed.contains("packs: 1"), "{completed}");
+    git(
+        &source_dir,
+        &["update-ref", "refs/heads/main", &second.to_string()],
+    );
+    git(&source_dir, &["fsck", "--strict", "--no-dangling"]);
+
+    // gix: the base in a pack of its own, the delta's pack installed with
+    // our index; a fresh handle reads the new tree and its files
+    let target_dir = tmp.path().join("target.git");
+    let target = GitRepo::init_bare(&target_dir).expect("init");
+    let base_ids = source.missing_objects(&[first], &[]).expect("objects");
+    target
+        .install_pack(&source.write_pack(&base_ids).expect("pack"))
+        .expect("install base");
+    target.install_pack(&thin).expect("install thin");
+    let reopened = GitRepo::open(&target_dir).expect("open");
+    assert_eq!(
+        reopened
+            .read_files(second, "pkg-350")
+            .expect("read")
+            .get("Kptfile"),
+        Some(&b"changed".to_vec())
+    );
+    let gix_repo = gix::open(&target_dir).expect("gix");
+    let ours = gix_repo.find_object(second_tree).expect("tree").detach();
+    let source_gix = gix::open(&source_dir).expect("gix");
+    let theirs = source_gix.find_object(second_tree).expect("tree").detach();
+    assert!(ours.data == theirs.data, "the delta made another tree");
+
+    // stored whole: a base too deep, of unknown depth, or in the pack
+    for depth_of in [
+        &(|_: &gix::ObjectId| Some(porch_git::pack::MAX_DELTA_DEPTH)) as &dyn Fn(&_) -> _,
+        &|_: &gix::ObjectId| None,
+    ] {
+        let (pack, depths) = source
+            .write_thin_pack(&ids, &bases, depth_of)
+            .expect("pack");
+        assert_eq!(pack, whole);
+        assert_eq!(depths, vec![(second_tree, 0)]);
+    }
+    let all = source.missing_objects(&[second], &[]).expect("objects");
+    let (pack, _) = source
+        .write_thin_pack(&all, &bases, &|_| Some(0))
+        .expect("pack");
+    assert_eq!(pack, source.write_pack(&all).expect("pack"));
+}

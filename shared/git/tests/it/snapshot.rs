@@ -708,3 +708,112 @@ async fn a_save_that_loses_the_race_to_a_compaction_still_lists_every_object() {
     );
     fsck(reader.mirror());
 }
+
+/// In a repository whose root tree is large, a save stores the new root
+/// tree as a delta against its parent's, which the snapshot holds: the
+/// pack grows with the change, not with the repository. A cold reader
+/// reads every tree whole, and a compaction writes the trees whole again,
+/// so its readers get complete packs.
+#[tokio::test]
+async fn a_large_root_tree_is_saved_as_a_delta_against_the_snapshots() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let up = upstream(root.path());
+    let texts: Vec<(String, String)> = (0..700)
+        .map(|i| (format!("p{i:03}/Kptfile"), format!("n: {i}\n")))
+        .collect();
+    let files: Vec<(&str, &str)> = texts
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    git_commit_files(&up, "main", &files, "many packages");
+    let store = LocalDirStore::new(root.path().join("store"));
+    let remote = LocalRemote::new(&up);
+    let writer = Snapshots::new(store.clone(), KEY, root.path().join("w")).expect("w");
+    writer.prepare(&remote).await.expect("rebuild");
+    let mirror = mirror_of(writer.mirror(), &up);
+    let pack_size = |pack: &str| {
+        let store = store.clone();
+        let key = format!("{KEY}/packs/pack-{pack}.pack");
+        async move {
+            store
+                .get(&key)
+                .await
+                .expect("get")
+                .expect("pack")
+                .body
+                .len()
+        }
+    };
+    let up_repo = gix::open(&up).expect("gix");
+    let main_tree = up_repo
+        .find_reference("refs/heads/main")
+        .expect("main")
+        .peel_to_commit()
+        .expect("commit")
+        .tree_id()
+        .expect("tree");
+    let main_tree_size = up_repo.find_object(main_tree).expect("tree").data.len();
+    assert!(main_tree_size > 20_000, "{main_tree_size}");
+    for i in 0..3 {
+        mirror
+            .apply(draft(&format!("ws{i}"), &format!("u{i}")))
+            .await
+            .expect("draft");
+        let saved = writer.save(remote.url()).await.expect("save");
+        let size = pack_size(saved.pack.as_deref().expect("a pack")).await;
+        assert!(size < 2_000, "save {i}: a pack of {size} bytes");
+    }
+
+    let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
+    let LoadOutcome::Loaded(_) = reader.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(show_refs(reader.mirror()), show_refs(&up));
+    let ours = gix::open(reader.mirror()).expect("gix");
+    for i in 0..3 {
+        let name = format!("refs/heads/drafts/c/ws{i}");
+        let commit = up_repo
+            .find_reference(name.as_str())
+            .expect("draft")
+            .peel_to_commit()
+            .expect("commit");
+        let tree = commit.tree_id().expect("tree").detach();
+        let theirs = up_repo.find_object(tree).expect("tree").detach().data;
+        let read = ours.find_object(tree).expect("tree").detach().data;
+        assert!(read == theirs, "{name}: the delta made another tree");
+        let files = GitRepo::open(reader.mirror())
+            .expect("open")
+            .read_files(commit.id, "c")
+            .expect("files");
+        assert_eq!(
+            files.get("Kptfile"),
+            Some(&format!("kind: Kptfile\nname: ws{i}\n").into_bytes())
+        );
+    }
+
+    // compacted: the roll-up holds every tree whole
+    let mut saves = 3;
+    loop {
+        mirror
+            .apply(draft(&format!("ws{saves}"), &format!("u{saves}")))
+            .await
+            .expect("draft");
+        saves += 1;
+        if writer.save(remote.url()).await.expect("save").compacted {
+            break;
+        }
+        assert!(saves <= COMPACT_AT, "no compaction after {saves} saves");
+    }
+    let cold = Snapshots::new(store.clone(), KEY, root.path().join("c")).expect("c");
+    let LoadOutcome::Loaded(loaded) = cold.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(
+        loaded.manifest.packs.len(),
+        2,
+        "{:?}",
+        loaded.manifest.packs
+    );
+    assert_eq!(show_refs(cold.mirror()), show_refs(&up));
+    fsck(cold.mirror());
+}
