@@ -12,7 +12,7 @@ use gix::ObjectId;
 use gix::objs::tree::EntryKind;
 use gix::progress::Discard;
 use gix::zlib::stream::deflate::Compress;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 
 fn pack_error(step: &'static str) -> impl FnOnce(gix::Error) -> RepoError {
@@ -73,6 +73,14 @@ impl<'a> RawEntry<'a> {
             len: id_at + 20,
         })
     }
+}
+
+/// How many bytes the entry `data` starts with takes, found by its name's
+/// terminating NUL alone: for stepping over entries two trees share (the
+/// entry where they differ is decoded whole with [`RawEntry::at`]).
+fn entry_len(data: &[u8]) -> Option<usize> {
+    let len = data.iter().position(|b| *b == 0)? + 21;
+    (len <= data.len()).then_some(len)
 }
 
 /// A tree's bytes with the entries named in `edits` removed (whatever
@@ -151,9 +159,19 @@ struct Found {
 /// parent: the bases [`GitRepo::write_thin_pack`] may store them against.
 pub type DeltaBases = Vec<(ObjectId, ObjectId)>;
 
-/// Large trees a pack holds, with how many deltas each stands on (0:
-/// stored whole).
-pub type TreeDepths = Vec<(ObjectId, u8)>;
+/// A large tree a pack holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredTree {
+    pub id: ObjectId,
+    /// How many deltas it stands on (0: stored whole).
+    pub depth: u8,
+    /// The tree at its path in its commit's first parent, when that
+    /// differs (a base a compaction may store it against).
+    pub base: Option<ObjectId>,
+}
+
+/// The large trees a pack holds.
+pub type StoredTrees = Vec<StoredTree>;
 
 /// How many deltas a large tree in a snapshot may stand on, one pack
 /// each: gix resolves a base in another pack by recursion, up to 32 deep.
@@ -193,7 +211,7 @@ pub(crate) fn tree_delta(base: &[u8], target: &[u8]) -> Option<Vec<u8>> {
         let mut common = common_prefix(&target[a..], &base[b..]);
         let mut run = 0;
         while a + run < target.len() && b + run < base.len() {
-            let len = RawEntry::at(&target[a + run..]).ok()?.len;
+            let len = entry_len(&target[a + run..])?;
             if len > common {
                 break;
             }
@@ -900,7 +918,9 @@ impl GitRepo {
         loop {
             let mut common = common_prefix(&own[a..], &theirs[b..]);
             while a < own.len() && b < theirs.len() {
-                let len = RawEntry::at(&own[a..])?.len;
+                let Some(len) = entry_len(&own[a..]) else {
+                    break;
+                };
                 if len > common {
                     break;
                 }
@@ -992,8 +1012,7 @@ impl GitRepo {
     /// [`MAX_DELTA_DEPTH`]. A root tree of 10,000 packages with one
     /// package changed is then a few dozen bytes instead of 350 KB, so the
     /// pack grows with the change, not with the repository. Other objects
-    /// are whole, as in [`Self::write_pack`]. Also returns the depth each
-    /// large tree was stored at (0: whole).
+    /// are whole, as in [`Self::write_pack`].
     ///
     /// Only for snapshots, which gix reads (it finds a delta's base in
     /// another pack): git itself wants every pack on disk complete, so
@@ -1006,43 +1025,122 @@ impl GitRepo {
         ids: &[ObjectId],
         bases: &[(ObjectId, ObjectId)],
         depth_of: &dyn Fn(&ObjectId) -> Option<u8>,
-    ) -> Result<(Pack, TreeDepths), RepoError> {
+    ) -> Result<(Pack, StoredTrees), RepoError> {
+        let in_pack: HashSet<ObjectId> = ids.iter().copied().collect();
+        let base_of: HashMap<ObjectId, ObjectId> = bases.iter().copied().collect();
+        self.write_with_deltas(ids, &base_of, &|tree| {
+            let base = *base_of.get(tree)?;
+            if in_pack.contains(&base) {
+                return None;
+            }
+            let depth = depth_of(&base)?.checked_add(1)?;
+            (depth <= MAX_DELTA_DEPTH).then_some((base, depth))
+        })
+    }
+
+    /// A complete pack of `ids` (git's kind: every delta's base is in it),
+    /// where a large tree paired in `bases` with another tree of the pack
+    /// is stored as a delta against it, up to [`MAX_DELTA_DEPTH`] deltas
+    /// deep: what a compaction writes, so that rolling up the saves of a
+    /// repository with a large root tree does not write each of their root
+    /// trees whole.
+    ///
+    /// # Errors
+    /// A missing object, or a failed pack write.
+    pub fn write_complete_pack(
+        &self,
+        ids: &[ObjectId],
+        bases: &[(ObjectId, ObjectId)],
+    ) -> Result<Pack, RepoError> {
+        let in_pack: HashSet<ObjectId> = ids.iter().copied().collect();
+        let base_of: HashMap<ObjectId, ObjectId> = bases
+            .iter()
+            .filter(|(tree, base)| in_pack.contains(tree) && in_pack.contains(base))
+            .copied()
+            .collect();
+        // how deep each tree's chain of bases in the pack goes, a chain
+        // that reaches the limit starting again with a whole tree (an upper
+        // bound: a tree the delta does not suit is whole too)
+        let mut depths: HashMap<ObjectId, u8> = HashMap::new();
+        for tree in base_of.keys() {
+            let mut chain = vec![*tree];
+            while let Some(base) = base_of.get(chain.last().unwrap_or(tree)) {
+                if depths.contains_key(base) || chain.contains(base) {
+                    break;
+                }
+                chain.push(*base);
+            }
+            let end = chain.last().copied().unwrap_or(*tree);
+            let mut depth = match base_of.get(&end) {
+                // a cycle (a tree that came back): its first tree is whole
+                Some(base) if chain.contains(base) => 0,
+                Some(base) => depths.get(base).map_or(0, |d| d + 1),
+                None => 0,
+            };
+            if depth > MAX_DELTA_DEPTH {
+                depth = 0;
+            }
+            depths.insert(end, depth);
+            for id in chain.iter().rev().skip(1) {
+                depth = if depth >= MAX_DELTA_DEPTH {
+                    0
+                } else {
+                    depth + 1
+                };
+                depths.insert(*id, depth);
+            }
+        }
+        let (pack, _) = self.write_with_deltas(ids, &base_of, &|tree| {
+            let depth = *depths.get(tree)?;
+            (depth > 0).then(|| base_of.get(tree).map(|base| (*base, depth)))?
+        })?;
+        Ok(pack)
+    }
+
+    /// Writes `ids` as a pack, each large tree as a delta against the base
+    /// `choose` gives (with the depth it stands at) when the delta suits
+    /// it, else whole.
+    fn write_with_deltas(
+        &self,
+        ids: &[ObjectId],
+        base_of: &HashMap<ObjectId, ObjectId>,
+        choose: &dyn Fn(&ObjectId) -> Option<(ObjectId, u8)>,
+    ) -> Result<(Pack, StoredTrees), RepoError> {
         let objects = u32::try_from(ids.len()).map_err(|_| RepoError::Git {
             step: "write a pack",
             source: "more than 4 billion objects".into(),
         })?;
-        let in_pack: HashSet<ObjectId> = ids.iter().copied().collect();
-        let base_of: std::collections::HashMap<ObjectId, ObjectId> = bases
-            .iter()
-            .filter(|(_, base)| !in_pack.contains(base))
-            .copied()
-            .collect();
         let mut writer = PackWriter::new(objects);
-        let mut depths = Vec::new();
+        let mut stored = Vec::new();
         for id in ids {
             let object = self.repo.find_object(*id).map_err(|e| RepoError::Git {
                 step: "read an object to pack",
                 source: Box::new(e),
             })?;
             if object.kind == gix::object::Kind::Tree && object.data.len() >= LARGE_TREE {
-                let thin = base_of.get(id).and_then(|base| {
-                    let depth = depth_of(base)?.checked_add(1)?;
-                    (depth <= MAX_DELTA_DEPTH).then_some((*base, depth))
-                });
-                let delta = thin.and_then(|(base, depth)| {
+                let delta = choose(id).and_then(|(base, depth)| {
                     let base_data = self.repo.find_object(base).ok()?;
                     Some((base, depth, tree_delta(&base_data.data, &object.data)?))
                 });
-                if let Some((base, depth, delta)) = delta {
-                    writer.add_ref_delta(*id, base, &delta)?;
-                    depths.push((*id, depth));
+                let base = base_of.get(id).copied();
+                if let Some((delta_base, depth, delta)) = delta {
+                    writer.add_ref_delta(*id, delta_base, &delta)?;
+                    stored.push(StoredTree {
+                        id: *id,
+                        depth,
+                        base,
+                    });
                     continue;
                 }
-                depths.push((*id, 0));
+                stored.push(StoredTree {
+                    id: *id,
+                    depth: 0,
+                    base,
+                });
             }
             writer.add(*id, object.kind, &object.data)?;
         }
-        Ok((writer.finish()?, depths))
+        Ok((writer.finish()?, stored))
     }
 
     /// Installs a pack this process wrote, with its index, in

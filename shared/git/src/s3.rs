@@ -350,6 +350,13 @@ impl ObjectStore for AnyStore {
         }
     }
 
+    async fn create(&self, key: &str, body: Vec<u8>) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Local(s) => s.create(key, body).await,
+            AnyStore::S3(s) => s.create(key, body).await,
+        }
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         match self {
             AnyStore::Local(s) => s.list(prefix).await,

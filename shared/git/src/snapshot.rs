@@ -19,7 +19,7 @@
 //! the source of truth: a missing or corrupt snapshot is rebuilt from it.
 
 use crate::listing::RefMap;
-use crate::pack::{Pack, TreeDepths};
+use crate::pack::{Pack, StoredTree, StoredTrees};
 use crate::remote::{Remote, RemoteError};
 use crate::repo::{GitRepo, RepoError};
 use crate::store::{ETag, Fetched, ObjectStore, PutCondition, StoreError, validate_key};
@@ -74,8 +74,8 @@ fn rollup(packs: &[(String, u64)]) -> Vec<String> {
 struct Uploaded {
     pack: String,
     bytes: u64,
-    /// The large trees in it, with the deltas each stands on (0: whole).
-    depths: TreeDepths,
+    /// The large trees in it.
+    trees: StoredTrees,
 }
 
 /// What a compaction wrote.
@@ -389,6 +389,9 @@ struct Memory {
     /// deltas each is stored on at most (a compaction only lowers that):
     /// the bases a save may store a tree as a delta against.
     tree_depths: std::collections::HashMap<ObjectId, u8>,
+    /// Those trees' bases (the tree at their path in their commit's first
+    /// parent): what a compaction may store them against.
+    tree_bases: std::collections::HashMap<ObjectId, ObjectId>,
 }
 
 /// How many large trees [`Memory::tree_depths`] keeps before it starts
@@ -831,7 +834,7 @@ impl<S: ObjectStore> Snapshots<S> {
     /// its index; `None` when it writes none.
     async fn upload_objects(
         &self,
-        write: impl FnOnce(&GitRepo) -> Result<Option<(Pack, TreeDepths)>, RepoError> + Send + 'static,
+        write: impl FnOnce(&GitRepo) -> Result<Option<(Pack, StoredTrees)>, RepoError> + Send + 'static,
         overwrite: bool,
     ) -> Result<Option<Uploaded>, SnapshotError> {
         let mirror = self.mirror.clone();
@@ -848,7 +851,7 @@ impl<S: ObjectStore> Snapshots<S> {
         })
         .await
         .map_err(|e| SnapshotError::Task(e.to_string()))??;
-        let Some((pack, index, depths)) = pack else {
+        let Some((pack, index, trees)) = pack else {
             return Ok(None);
         };
         let name = pack.checksum.to_string();
@@ -858,25 +861,18 @@ impl<S: ObjectStore> Snapshots<S> {
         let mut written = 0u64;
         for (ext, body) in [("pack", pack.bytes), ("idx", index)] {
             written += u64::try_from(body.len()).unwrap_or(u64::MAX);
-            let condition = if overwrite {
-                PutCondition::Always
+            let key = self.pack_key(&name, ext);
+            if overwrite {
+                self.store.put(&key, body, PutCondition::Always).await?;
             } else {
-                PutCondition::IfAbsent
-            };
-            match self
-                .store
-                .put(&self.pack_key(&name, ext), body, condition)
-                .await
-            {
                 // content-addressed: already there is as good as written
-                Ok(_) | Err(StoreError::PreconditionFailed { .. }) => {}
-                Err(e) => return Err(e.into()),
+                self.store.create(&key, body).await?;
             }
         }
         Ok(Some(Uploaded {
             pack: name,
             bytes: written,
-            depths,
+            trees,
         }))
     }
 
@@ -1060,7 +1056,7 @@ impl<S: ObjectStore> Snapshots<S> {
                         .chain(compacted.as_deref())
                         .collect();
                     if let Some(uploaded) = &uploaded {
-                        self.remember_depths(&uploaded.depths);
+                        self.remember_trees(&uploaded.trees);
                     }
                     if in_step {
                         self.memory().resolved = Some((RefsKey::of(&manifest), Arc::clone(&ours)));
@@ -1140,16 +1136,21 @@ impl<S: ObjectStore> Snapshots<S> {
         })
     }
 
-    /// Records how deep the large trees of a pack now listed are stored.
-    fn remember_depths(&self, depths: &[(ObjectId, u8)]) {
+    /// Records how deep the large trees of a pack now listed are stored,
+    /// and their bases.
+    fn remember_trees(&self, trees: &[StoredTree]) {
         let mut memory = self.memory();
-        if memory.tree_depths.len() + depths.len() > MAX_TREE_DEPTHS {
+        if memory.tree_depths.len() + trees.len() > MAX_TREE_DEPTHS {
             memory.tree_depths.clear();
+            memory.tree_bases.clear();
         }
-        for (id, depth) in depths {
+        for tree in trees {
             // another copy may be shallower; the deepest is what counts
-            let known = memory.tree_depths.entry(*id).or_insert(*depth);
-            *known = (*known).max(*depth);
+            let known = memory.tree_depths.entry(tree.id).or_insert(tree.depth);
+            *known = (*known).max(tree.depth);
+            if let Some(base) = tree.base {
+                memory.tree_bases.insert(tree.id, base);
+            }
         }
     }
 
@@ -1218,8 +1219,15 @@ impl<S: ObjectStore> Snapshots<S> {
         if !has_all {
             return Ok(None);
         }
-        // every object whole: a compaction ends the delta chains of the
-        // packs it replaces
+        // a complete pack: a compaction ends the chains of deltas across
+        // packs of those it replaces; large trees may be deltas against
+        // others in it
+        let bases: Vec<(ObjectId, ObjectId)> = self
+            .memory()
+            .tree_bases
+            .iter()
+            .map(|(tree, base)| (*tree, *base))
+            .collect();
         let uploaded = self
             .upload_objects(
                 move |repo| {
@@ -1231,7 +1239,7 @@ impl<S: ObjectStore> Snapshots<S> {
                     if ids.is_empty() {
                         return Ok(None);
                     }
-                    Ok(Some((repo.write_pack(&ids)?, Vec::new())))
+                    Ok(Some((repo.write_complete_pack(&ids, &bases)?, Vec::new())))
                 },
                 false,
             )

@@ -100,6 +100,23 @@ pub trait ObjectStore: Send + Sync {
         body: Vec<u8>,
         condition: PutCondition,
     ) -> impl Future<Output = Result<ETag, StoreError>> + Send;
+    /// Writes an immutable, content-addressed object unless the key holds
+    /// one already (`If-None-Match: *`): `false` when it did, which for
+    /// such an object is as good as written. No tag is computed, since
+    /// nothing is ever conditioned on one.
+    fn create(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        async move {
+            match self.put(key, body, PutCondition::IfAbsent).await {
+                Ok(_) => Ok(true),
+                Err(StoreError::PreconditionFailed { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+    }
     /// Keys starting with `prefix`, sorted.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
     /// Removes an object; absent is fine.
@@ -244,6 +261,28 @@ impl LocalDirStore {
         body: &[u8],
         condition: &PutCondition,
     ) -> Result<ETag, StoreError> {
+        self.write_blocking(key, body, condition)?;
+        Ok(etag_of(body))
+    }
+
+    /// The blocking create ([`ObjectStore::create`]): no tag is hashed.
+    ///
+    /// # Errors
+    /// An invalid key, or a failed write.
+    pub fn create_blocking(&self, key: &str, body: &[u8]) -> Result<bool, StoreError> {
+        match self.write_blocking(key, body, &PutCondition::IfAbsent) {
+            Ok(()) => Ok(true),
+            Err(StoreError::PreconditionFailed { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn write_blocking(
+        &self,
+        key: &str,
+        body: &[u8],
+        condition: &PutCondition,
+    ) -> Result<(), StoreError> {
         let path = self.path(key)?;
         let _lock = self.lock(key, &path)?;
         match condition {
@@ -285,8 +324,7 @@ impl LocalDirStore {
             file.write_all(body).map_err(Self::io("write", &tmp))?;
             file.sync_all().map_err(Self::io("sync", &tmp))?;
         }
-        std::fs::rename(&tmp, &path).map_err(Self::io("rename", &path))?;
-        Ok(etag_of(body))
+        std::fs::rename(&tmp, &path).map_err(Self::io("rename", &path))
     }
 
     /// The blocking list.
@@ -386,6 +424,11 @@ impl ObjectStore for LocalDirStore {
     ) -> Result<ETag, StoreError> {
         let (this, key) = (self.clone(), key.to_owned());
         blocking(move || this.put_blocking(&key, &body, &condition)).await
+    }
+
+    async fn create(&self, key: &str, body: Vec<u8>) -> Result<bool, StoreError> {
+        let (this, key) = (self.clone(), key.to_owned());
+        blocking(move || this.create_blocking(&key, &body)).await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {

@@ -894,7 +894,13 @@ fn a_thin_snapshot_pack_stores_a_large_tree_as_a_delta_git_resolves() {
     let (thin, depths) = source
         .write_thin_pack(&ids, &bases, &|id| (*id == first_tree).then_some(3))
         .expect("thin pack");
-    assert_eq!(depths, vec![(second_tree, 4)]);
+    let stored = |trees: &[porch_git::pack::StoredTree]| {
+        trees
+            .iter()
+            .map(|t| (t.id, t.depth, t.base))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(stored(&depths), vec![(second_tree, 4, Some(first_tree))]);
     assert_eq!(thin.objects, whole.objects);
     assert!(
         thin.bytes.len() < 1024 && whole.bytes.len() > 20_000,
@@ -954,11 +960,86 @@ fn a_thin_snapshot_pack_stores_a_large_tree_as_a_delta_git_resolves() {
             .write_thin_pack(&ids, &bases, depth_of)
             .expect("pack");
         assert_eq!(pack, whole);
-        assert_eq!(depths, vec![(second_tree, 0)]);
+        assert_eq!(stored(&depths), vec![(second_tree, 0, Some(first_tree))]);
     }
     let all = source.missing_objects(&[second], &[]).expect("objects");
     let (pack, _) = source
         .write_thin_pack(&all, &bases, &|_| Some(0))
         .expect("pack");
     assert_eq!(pack, source.write_pack(&all).expect("pack"));
+}
+
+/// A compaction's pack is complete (each delta's base in it) and stores a
+/// history of large root trees as chains of deltas within it, no chain
+/// deeper than the limit: git indexes it as it is (no base missing) and
+/// reads every tree.
+#[test]
+fn a_complete_pack_stores_a_history_of_large_trees_as_deltas_within_it() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let source_dir = tmp.path().join("source.git");
+    let source = GitRepo::init_bare(&source_dir).expect("init");
+    let who = orchestrator();
+    let mut files: Files = (0..700)
+        .map(|i| (format!("pkg-{i:03}/Kptfile"), format!("k{i}").into_bytes()))
+        .collect();
+    let mut parents = Vec::new();
+    let mut trees = Vec::new();
+    for i in 0..20 {
+        files.insert(format!("pkg-{:03}/Kptfile", i * 31), b"changed".to_vec());
+        let tree = source.write_files(&files).expect("tree");
+        let commit = source
+            .commit(tree, &parents, &i.to_string(), &who, &who, i)
+            .expect("commit");
+        parents = vec![commit];
+        trees.push(tree);
+    }
+    let tip = parents[0];
+    let (ids, bases) = source
+        .missing_objects_and_bases(&[tip], &[])
+        .expect("objects");
+    for pair in trees.windows(2) {
+        assert!(bases.contains(&(pair[1], pair[0])), "root trees paired");
+    }
+    let whole = source.write_pack(&ids).expect("pack");
+    let pack = source.write_complete_pack(&ids, &bases).expect("pack");
+    assert_eq!(pack.objects, whole.objects);
+    // 20 root trees of 22 KB: at most 3 whole (one per 9), the rest deltas
+    assert!(
+        pack.bytes.len() * 4 < whole.bytes.len(),
+        "complete {} bytes, whole {}",
+        pack.bytes.len(),
+        whole.bytes.len()
+    );
+    let pack_path = tmp.path().join("complete.pack");
+    std::fs::write(&pack_path, &pack.bytes).expect("write pack");
+    let checksum = git(
+        &source_dir,
+        &["index-pack", "-v", pack_path.to_str().expect("utf-8")],
+    );
+    assert_eq!(checksum.trim(), pack.checksum.to_string());
+    let chains = git(
+        &source_dir,
+        &["verify-pack", "-v", pack_path.to_str().expect("utf-8")],
+    );
+    let deepest = chains
+        .lines()
+        .filter_map(|l| l.strip_prefix("chain length = "))
+        .filter_map(|l| l.split(':').next()?.trim().parse::<u8>().ok())
+        .max();
+    assert_eq!(deepest, Some(porch_git::pack::MAX_DELTA_DEPTH), "{chains}");
+
+    let target_dir = tmp.path().join("target.git");
+    let target = GitRepo::init_bare(&target_dir).expect("init");
+    target.install_pack(&pack).expect("install");
+    target
+        .update_ref("refs/heads/main", None, Some(tip))
+        .expect("ref");
+    git(&target_dir, &["fsck", "--strict", "--no-dangling"]);
+    let theirs = gix::open(&source_dir).expect("gix");
+    let ours = gix::open(&target_dir).expect("gix");
+    for tree in trees {
+        let a = ours.find_object(tree).expect("tree").detach().data;
+        let b = theirs.find_object(tree).expect("tree").detach().data;
+        assert!(a == b, "tree {tree} read back differently");
+    }
 }

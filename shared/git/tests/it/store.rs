@@ -79,6 +79,22 @@ pub(crate) async fn conditional_semantics<S: ObjectStore>(store: &S) {
             "repos/ns/blueprints/packs/a.pack"
         ]
     );
+    // an immutable object: created once, never replaced, and its tag
+    // (read back) is the content's like any other
+    let immutable = "repos/ns/blueprints/packs/b.pack";
+    assert!(store.create(immutable, vec![3, 4]).await.expect("create"));
+    assert!(!store.create(immutable, vec![5]).await.expect("exists"));
+    let created = store.get(immutable).await.expect("get").expect("present");
+    assert_eq!(created.body, vec![3, 4]);
+    let err = store
+        .put(
+            immutable,
+            vec![6],
+            PutCondition::IfMatch(created.etag.clone()),
+        )
+        .await;
+    assert!(err.is_ok(), "its tag conditions a put: {err:?}");
+    store.delete(immutable).await.expect("delete");
     // a conditional read with the current tag reads nothing
     assert_eq!(
         store.get_if_changed(key, Some(&second)).await.expect("get"),
@@ -121,6 +137,11 @@ async fn hostile_keys_are_refused() {
             "{key:?}: {err}"
         );
         assert!(store.get(key).await.is_err(), "{key:?}");
+        let err = store.create(key, vec![1]).await.expect_err(key);
+        assert!(
+            matches!(err, StoreError::InvalidKey { .. }),
+            "{key:?}: {err}"
+        );
     }
     assert!(!tmp.path().join("escape").exists());
 }
