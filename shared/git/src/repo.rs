@@ -763,9 +763,6 @@ impl GitRepo {
     ) -> Result<(), RepoError> {
         /// Changes written one loose ref each; more rewrite packed-refs.
         const FEW: usize = 64;
-        if current == refs {
-            return Ok(());
-        }
         let checked = |name: &str| -> Result<FullName, RepoError> {
             let full = FullName::try_from(name).map_err(git("parse a ref name"))?;
             if !mirrored(name) {
@@ -778,6 +775,9 @@ impl GitRepo {
         };
         // only the names that change are looked at while they are few
         let differences = crate::listing::differences(current, refs);
+        if differences.is_empty() {
+            return Ok(());
+        }
         let mut edits = Vec::new();
         for (name, _, id) in differences.iter().take(FEW + 1) {
             let name = checked(name)?;

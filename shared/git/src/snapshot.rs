@@ -1014,7 +1014,6 @@ impl<S: ObjectStore> Snapshots<S> {
                 manifest.packs.retain(|p| !compaction.replaced.contains(p));
                 for old in compaction.replaced {
                     if old != compaction.pack {
-                        self.forget_index(&old);
                         manifest.retired.push(RetiredPack { pack: old, since });
                     }
                 }
@@ -1057,6 +1056,13 @@ impl<S: ObjectStore> Snapshots<S> {
                         .collect();
                     if let Some(uploaded) = &uploaded {
                         self.remember_trees(&uploaded.trees);
+                    }
+                    // the kept indexes of packs our compaction replaced
+                    // (only once that is listed: a lost race keeps them)
+                    if compacted.is_some() {
+                        for retired in &manifest.retired {
+                            self.forget_index(&retired.pack);
+                        }
                     }
                     if in_step {
                         self.memory().resolved = Some((RefsKey::of(&manifest), Arc::clone(&ours)));
