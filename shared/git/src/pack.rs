@@ -588,7 +588,7 @@ impl GitRepo {
     /// lookup itself; a pack written meanwhile by someone else is missed, so
     /// a caller deciding what to send sends an object too many, never one
     /// too few.
-    fn has_object_without_rescan(&self, id: ObjectId) -> bool {
+    pub(crate) fn has_object_without_rescan(&self, id: ObjectId) -> bool {
         self.repo.objects.exists_without_refresh(&id)
     }
 
@@ -868,6 +868,14 @@ impl GitRepo {
         ))
     }
 
+    /// A tree's bytes: a large one shared from where it is kept decoded.
+    pub(crate) fn tree_data(&self, id: ObjectId) -> Result<std::sync::Arc<[u8]>, RepoError> {
+        if let Some(data) = crate::repo::kept_large_tree(&id) {
+            return Ok(data);
+        }
+        Ok(self.find_tree(id)?.detach().data.into())
+    }
+
     fn find_tree(&self, id: ObjectId) -> Result<gix::Tree<'_>, RepoError> {
         self.repo.find_tree(id).map_err(|e| RepoError::Git {
             step: "read a tree to send",
@@ -912,8 +920,8 @@ impl GitRepo {
         parent: ObjectId,
         found: &mut Found,
     ) -> Result<(), RepoError> {
-        let own = self.find_tree(tree)?.detach().data;
-        let theirs = self.find_tree(parent)?.detach().data;
+        let own = self.tree_data(tree)?;
+        let theirs = self.tree_data(parent)?;
         let (mut a, mut b) = (0, 0);
         loop {
             let mut common = common_prefix(&own[a..], &theirs[b..]);
@@ -1113,14 +1121,25 @@ impl GitRepo {
         let mut writer = PackWriter::new(objects);
         let mut stored = Vec::new();
         for id in ids {
-            let object = self.repo.find_object(*id).map_err(|e| RepoError::Git {
-                step: "read an object to pack",
-                source: Box::new(e),
-            })?;
-            if object.kind == gix::object::Kind::Tree && object.data.len() >= LARGE_TREE {
+            let kept = crate::repo::kept_large_tree(id);
+            let read;
+            let (kind, data): (gix::object::Kind, &[u8]) = match &kept {
+                Some(data) => (gix::object::Kind::Tree, data),
+                None => {
+                    read = self.repo.find_object(*id).map_err(|e| RepoError::Git {
+                        step: "read an object to pack",
+                        source: Box::new(e),
+                    })?;
+                    (read.kind, &read.data)
+                }
+            };
+            if kind == gix::object::Kind::Tree && data.len() >= LARGE_TREE {
                 let delta = choose(id).and_then(|(base, depth)| {
-                    let base_data = self.repo.find_object(base).ok()?;
-                    Some((base, depth, tree_delta(&base_data.data, &object.data)?))
+                    let base_data = match crate::repo::kept_large_tree(&base) {
+                        Some(data) => data,
+                        None => self.repo.find_object(base).ok()?.detach().data.into(),
+                    };
+                    Some((base, depth, tree_delta(&base_data, data)?))
                 });
                 let base = base_of.get(id).copied();
                 if let Some((delta_base, depth, delta)) = delta {
@@ -1138,7 +1157,7 @@ impl GitRepo {
                     base,
                 });
             }
-            writer.add(*id, object.kind, &object.data)?;
+            writer.add(*id, kind, data)?;
         }
         Ok((writer.finish()?, stored))
     }

@@ -136,6 +136,17 @@ impl LargeTrees {
     }
 }
 
+/// A large tree kept decoded ([`LargeTrees`]), shared rather than copied
+/// as gix's object cache hands it out; `None` when it is not kept.
+pub(crate) fn kept_large_tree(id: &ObjectId) -> Option<Arc<[u8]>> {
+    let mut kept = LargeTrees::kept();
+    let at = kept.iter().position(|(kept_id, _)| kept_id == id)?;
+    let entry = kept.remove(at)?;
+    let data = Arc::clone(&entry.1);
+    kept.push_front(entry);
+    Some(data)
+}
+
 impl gix_pack::cache::Object for LargeTrees {
     fn put(&mut self, id: ObjectId, kind: gix::object::Kind, data: &[u8]) {
         if kind != gix::object::Kind::Tree || data.len() < Self::AT_LEAST {
@@ -333,12 +344,7 @@ impl GitRepo {
         {
             return Ok(None);
         }
-        let data = self
-            .repo
-            .find_tree(base)
-            .map_err(git("read a tree to edit"))?
-            .detach()
-            .data;
+        let data = self.tree_data(base)?;
         if data.len() < crate::pack::LARGE_TREE {
             return Ok(None);
         }
@@ -358,7 +364,10 @@ impl GitRepo {
         }
         let id = gix::objs::compute_hash(self.repo.object_hash(), gix::object::Kind::Tree, data)
             .map_err(git("hash a tree"))?;
-        if !self.repo.has_object(id) {
+        // a new tree is usually missing: looked up without listing the
+        // pack directory again (a copy in a pack written meanwhile costs a
+        // loose duplicate)
+        if !self.has_object_without_rescan(id) {
             let mut object = format!("tree {}\0", data.len()).into_bytes();
             object.extend_from_slice(data);
             let mut compressed = Vec::with_capacity(object.len() + object.len() / 64 + 64);
