@@ -414,6 +414,104 @@ pub fn index_object_ids(idx: &[u8]) -> Option<Vec<ObjectId>> {
     ids.windows(2).all(|w| w[0] < w[1]).then_some(ids)
 }
 
+/// What a pack of a snapshot (and its index) says about how deep its large
+/// trees stand on deltas in other packs, given how deep the trees it
+/// stands on are (`known`): a large tree stored whole, or as deltas within
+/// the pack down to one stored whole, is 0; a delta against a tree
+/// outside the pack is one more than that tree. A process that loads a
+/// pack so learns what another process saved, and may store its next
+/// tree as a delta against it. Entries it cannot place (an unknown base,
+/// another kind of delta, a malformed entry) are left out; so is
+/// everything when the index is malformed. The bases of deltas come with
+/// them.
+pub fn large_tree_depths(
+    pack: &[u8],
+    idx: &[u8],
+    known: &dyn Fn(&ObjectId) -> Option<u8>,
+) -> StoredTrees {
+    const HEADER: usize = 8 + 256 * 4;
+    let Some(ids) = index_object_ids(idx) else {
+        return Vec::new();
+    };
+    let offsets_at = HEADER + ids.len() * 24;
+    let offset_of: HashMap<ObjectId, usize> = ids
+        .iter()
+        .enumerate()
+        .filter_map(|(i, id)| {
+            let bytes: [u8; 4] = idx
+                .get(offsets_at + i * 4..offsets_at + i * 4 + 4)?
+                .try_into()
+                .ok()?;
+            let offset = u32::from_be_bytes(bytes);
+            // the large-offset table: not in packs this project writes
+            (offset & 0x8000_0000 == 0).then_some((*id, offset as usize))
+        })
+        .collect();
+    // an entry: its type, size, and for a ref delta its base
+    let entry = |offset: usize| -> Option<(u8, u64, Option<ObjectId>)> {
+        let mut at = offset;
+        let first = *pack.get(at)?;
+        let kind = (first >> 4) & 7;
+        let mut size = u64::from(first & 0x0f);
+        let mut shift = 4;
+        let mut byte = first;
+        while byte & 0x80 != 0 {
+            at += 1;
+            byte = *pack.get(at)?;
+            size |= u64::from(byte & 0x7f).checked_shl(shift)?;
+            shift += 7;
+        }
+        at += 1;
+        let base = if kind == 7 {
+            Some(ObjectId::try_from(pack.get(at..at + 20)?).ok()?)
+        } else {
+            None
+        };
+        Some((kind, size, base))
+    };
+    let mut out = Vec::new();
+    for (id, offset) in &offset_of {
+        let Some((kind, size, base)) = entry(*offset) else {
+            continue;
+        };
+        match (kind, base) {
+            (2, None) if size >= LARGE_TREE as u64 => out.push(StoredTree {
+                id: *id,
+                depth: 0,
+                base: None,
+            }),
+            (7, Some(base)) => {
+                // down the chain of bases within the pack
+                let mut below = base;
+                let mut depth = None;
+                for _ in 0..64 {
+                    match offset_of.get(&below).and_then(|at| entry(*at)) {
+                        Some((7, _, Some(next))) => below = next,
+                        Some((1..=4, _, None)) => {
+                            depth = Some(0);
+                            break;
+                        }
+                        Some(_) => break,
+                        None => {
+                            depth = known(&below).and_then(|d| d.checked_add(1));
+                            break;
+                        }
+                    }
+                }
+                if let Some(depth) = depth {
+                    out.push(StoredTree {
+                        id: *id,
+                        depth,
+                        base: Some(base),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// SHA-1 of `bytes` without collision detection (several times faster),
 /// for checksums of what this process wrote from objects it had already
 /// hashed with collision detection: a pack's trailer (its name) and its

@@ -518,6 +518,15 @@ impl<S: ObjectStore> Snapshots<S> {
         if verify_trailer(idx_bytes, b"\xfftOc").is_none() || !idx_names_pack {
             return Err(self.corrupt(format!("index of pack {pack} is damaged")));
         }
+        // how deep its large trees stand: a save of ours may store the next
+        // ones as deltas against them
+        let trees = {
+            let memory = self.memory();
+            crate::pack::large_tree_depths(pack_bytes, idx_bytes, &|id| {
+                memory.tree_depths.get(id).copied()
+            })
+        };
+        self.remember_trees(&trees);
         let dir = self.mirror.join("objects/pack");
         std::fs::create_dir_all(&dir).map_err(Self::io("create", &dir))?;
         // the pack first, the index last: a pack without its index is not read

@@ -901,6 +901,33 @@ fn a_thin_snapshot_pack_stores_a_large_tree_as_a_delta_git_resolves() {
             .collect::<Vec<_>>()
     };
     assert_eq!(stored(&depths), vec![(second_tree, 4, Some(first_tree))]);
+    // what a loader learns from the pack and its index
+    let index = thin.index().expect("index");
+    let learned = |known: &dyn Fn(&gix::ObjectId) -> Option<u8>| {
+        stored(&porch_git::pack::large_tree_depths(
+            &thin.bytes,
+            &index,
+            known,
+        ))
+    };
+    assert_eq!(
+        learned(&|id| (*id == first_tree).then_some(3)),
+        vec![(second_tree, 4, Some(first_tree))]
+    );
+    assert_eq!(learned(&|_| None), vec![], "a base of unknown depth");
+    assert_eq!(
+        stored(&porch_git::pack::large_tree_depths(
+            &whole.bytes,
+            &whole.index().expect("index"),
+            &|_| None
+        )),
+        vec![(second_tree, 0, None)]
+    );
+    assert_eq!(
+        porch_git::pack::large_tree_depths(&thin.bytes, &index[..100], &|_| Some(0)),
+        vec![],
+        "a damaged index"
+    );
     assert_eq!(thin.objects, whole.objects);
     assert!(
         thin.bytes.len() < 1024 && whole.bytes.len() > 20_000,
@@ -1010,6 +1037,15 @@ fn a_complete_pack_stores_a_history_of_large_trees_as_deltas_within_it() {
         pack.bytes.len(),
         whole.bytes.len()
     );
+    // a loader finds every root tree standing on no other pack
+    let learned =
+        porch_git::pack::large_tree_depths(&pack.bytes, &pack.index().expect("index"), &|_| None);
+    for tree in &trees {
+        assert!(
+            learned.iter().any(|t| t.id == *tree && t.depth == 0),
+            "{tree} in {learned:?}"
+        );
+    }
     let pack_path = tmp.path().join("complete.pack");
     std::fs::write(&pack_path, &pack.bytes).expect("write pack");
     let checksum = git(

@@ -791,6 +791,15 @@ async fn a_large_root_tree_is_saved_as_a_delta_against_the_snapshots() {
         );
     }
 
+    // the reader learned from the packs it loaded: its own save is a delta
+    mirror_of(reader.mirror(), &up)
+        .apply(draft("rw", "ru"))
+        .await
+        .expect("draft");
+    let saved = reader.save(remote.url()).await.expect("save");
+    let size = pack_size(saved.pack.as_deref().expect("a pack")).await;
+    assert!(size < 2_000, "the reader's save: a pack of {size} bytes");
+
     // compacted: the roll-up holds every tree whole
     let mut saves = 3;
     loop {
