@@ -816,8 +816,8 @@ impl<S: ObjectStore> Snapshots<S> {
     /// With `overwrite`, a pack already stored under the same name is
     /// replaced (a rebuild after damage); else it is taken as written.
     /// Large trees may be stored as deltas against trees the snapshot
-    /// holds ([`GitRepo::write_thin_pack`]), when this process saved those
-    /// and knows how deep they are stored.
+    /// holds ([`GitRepo::write_thin_pack`]), when this process knows how
+    /// deep they are stored (from its saves and the packs it loaded).
     async fn upload_pack(
         &self,
         tips: Vec<ObjectId>,

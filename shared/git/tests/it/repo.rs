@@ -862,6 +862,17 @@ fn replace_refs_do_not_substitute_objects() {
     assert_eq!(reopened.read_files(commit, "").expect("read"), package());
 }
 
+/// A bare repository `source.git` under `root`, and the files of 700
+/// packages: a root tree over 16 KiB, which packs store as a large tree.
+fn many_packages(root: &std::path::Path) -> (std::path::PathBuf, GitRepo, Files) {
+    let dir = root.join("source.git");
+    let repo = GitRepo::init_bare(&dir).expect("init");
+    let files = (0..700)
+        .map(|i| (format!("pkg-{i:03}/Kptfile"), format!("k{i}").into_bytes()))
+        .collect();
+    (dir, repo, files)
+}
+
 /// A snapshot pack stores a large tree as a delta against the tree at its
 /// path in the parent commit: git resolves it against the base (so the
 /// delta is git's format and makes exactly the new tree), gix reads it
@@ -870,12 +881,8 @@ fn replace_refs_do_not_substitute_objects() {
 #[test]
 fn a_thin_snapshot_pack_stores_a_large_tree_as_a_delta_git_resolves() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let source_dir = tmp.path().join("source.git");
-    let source = GitRepo::init_bare(&source_dir).expect("init");
+    let (source_dir, source, mut files) = many_packages(tmp.path());
     let who = orchestrator();
-    let mut files: Files = (0..700)
-        .map(|i| (format!("pkg-{i:03}/Kptfile"), format!("k{i}").into_bytes()))
-        .collect();
     let first_tree = source.write_files(&files).expect("tree");
     let first = source
         .commit(first_tree, &[], "one", &who, &who, 1)
@@ -1003,12 +1010,8 @@ fn a_thin_snapshot_pack_stores_a_large_tree_as_a_delta_git_resolves() {
 #[test]
 fn a_complete_pack_stores_a_history_of_large_trees_as_deltas_within_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let source_dir = tmp.path().join("source.git");
-    let source = GitRepo::init_bare(&source_dir).expect("init");
+    let (source_dir, source, mut files) = many_packages(tmp.path());
     let who = orchestrator();
-    let mut files: Files = (0..700)
-        .map(|i| (format!("pkg-{i:03}/Kptfile"), format!("k{i}").into_bytes()))
-        .collect();
     let mut parents = Vec::new();
     let mut trees = Vec::new();
     for i in 0..20 {
