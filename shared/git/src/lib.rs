@@ -29,6 +29,7 @@ pub mod mirror;
 pub mod operations;
 pub mod pack;
 pub mod pktline;
+pub mod refmap;
 pub mod remote;
 pub mod repo;
 pub mod s3;

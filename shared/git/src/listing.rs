@@ -15,60 +15,13 @@
 //! would refuse) makes the caller fall back to listing through gix.
 
 use gix::ObjectId;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, SystemTime};
 
-/// Branch and tag names → the ids their files hold (an annotated tag's own
-/// id).
-pub type RefMap = BTreeMap<String, ObjectId>;
-
-/// The names whose ids differ between two listings, in name order, each
-/// with its id before and after (`None`: absent). One pass over both
-/// sorted maps: a lookup per name of a 20,000-ref listing in the other
-/// costs more than the walk itself.
-pub fn differences<'a>(
-    before: &'a RefMap,
-    after: &'a RefMap,
-) -> Vec<(&'a str, Option<ObjectId>, Option<ObjectId>)> {
-    let mut out = Vec::new();
-    if std::ptr::eq(before, after) {
-        return out;
-    }
-    let (mut old, mut new) = (before.iter().peekable(), after.iter().peekable());
-    loop {
-        match (old.peek(), new.peek()) {
-            (None, None) => return out,
-            (Some((name, id)), None) => {
-                out.push((name.as_str(), Some(**id), None));
-                old.next();
-            }
-            (None, Some((name, id))) => {
-                out.push((name.as_str(), None, Some(**id)));
-                new.next();
-            }
-            (Some((a, a_id)), Some((b, b_id))) => match a.cmp(b) {
-                std::cmp::Ordering::Less => {
-                    out.push((a.as_str(), Some(**a_id), None));
-                    old.next();
-                }
-                std::cmp::Ordering::Greater => {
-                    out.push((b.as_str(), None, Some(**b_id)));
-                    new.next();
-                }
-                std::cmp::Ordering::Equal => {
-                    if a_id != b_id {
-                        out.push((a.as_str(), Some(**a_id), Some(**b_id)));
-                    }
-                    old.next();
-                    new.next();
-                }
-            },
-        }
-    }
-}
+pub use crate::refmap::{RefMap, differences};
 
 /// Repositories whose `packed-refs` parse is kept; more drop them all.
 const MAX_REPOSITORIES: usize = 64;
@@ -152,7 +105,7 @@ fn parse_id(hex: &[u8]) -> Option<ObjectId> {
 
 /// The branches and tags of `packed-refs`; `None` for anything unexpected.
 fn parse_packed(bytes: &[u8]) -> Option<RefMap> {
-    let mut refs = RefMap::new();
+    let mut refs = Vec::new();
     for line in bytes.split(|b| *b == b'\n') {
         if line.is_empty() || line[0] == b'#' || line[0] == b'^' {
             continue;
@@ -166,9 +119,9 @@ fn parse_packed(bytes: &[u8]) -> Option<RefMap> {
         if !valid_name(name) {
             return None;
         }
-        refs.insert(name.to_owned(), id);
+        refs.push((name.to_owned(), id));
     }
-    Some(refs)
+    Some(refs.into_iter().collect())
 }
 
 /// Every loose branch and tag, sorted by name; `None` for anything
@@ -290,24 +243,26 @@ fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<Ref
 }
 
 impl Parsed {
-    /// The listing of the kept `packed-refs` parse with `loose` over it.
-    /// When no caller holds the last listing any more, it is changed in
-    /// place, in the few names loose then or now; a listing still held is
-    /// never changed, a new one is made from the parse.
+    /// The listing of the kept `packed-refs` parse with `loose` over it,
+    /// made from the last listing by the few names loose then or now. When
+    /// no caller holds the last listing any more, it is changed in place;
+    /// a listing still held is never changed: the new one shares all but
+    /// the chunks those names fall in ([`RefMap`]).
     fn listing(&mut self, loose: Vec<(String, ObjectId)>) -> Arc<RefMap> {
         if self.loose != loose {
-            if let Some(merged) = Arc::get_mut(&mut self.merged) {
-                for (name, _) in &self.loose {
+            let merged = Arc::make_mut(&mut self.merged);
+            for (name, _) in &self.loose {
+                if loose.binary_search_by(|(n, _)| n.cmp(name)).is_err() {
                     match self.packed.get(name) {
                         Some(id) => merged.insert(name.clone(), *id),
                         None => merged.remove(name),
                     };
                 }
-                merged.extend(loose.iter().cloned());
-            } else {
-                let mut merged = RefMap::clone(&self.packed);
-                merged.extend(loose.iter().cloned());
-                self.merged = Arc::new(merged);
+            }
+            for (name, id) in &loose {
+                if merged.get(name) != Some(id) {
+                    merged.insert(name.clone(), *id);
+                }
             }
             self.loose = loose;
         }
@@ -552,7 +507,7 @@ mod tests {
             for after in maps.iter().step_by(7) {
                 let by_lookup: Vec<(&str, Option<ObjectId>, Option<ObjectId>)> = names
                     .iter()
-                    .map(|n| (*n, before.get(*n).copied(), after.get(*n).copied()))
+                    .map(|n| (*n, before.get(n).copied(), after.get(n).copied()))
                     .filter(|(_, old, new)| old != new)
                     .collect();
                 assert_eq!(differences(before, after), by_lookup);

@@ -5,12 +5,11 @@
 //! same. Operations recognise their own earlier commits, so a push that
 //! landed although its answer was lost is not done twice.
 
+use crate::listing::RefMap;
 use crate::listing::is_branch_or_tag as mirrored;
 use crate::operations::OperationError;
 use crate::remote::{Remote, RemoteError};
 use crate::repo::{GitRepo, RefUpdate, RepoError};
-use gix::ObjectId;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,10 +87,7 @@ pub struct Applied<T> {
 
 /// The branch and tag changes between two ref listings, as compare-and-swap
 /// updates from `before` to `after`.
-pub fn ref_changes(
-    before: &BTreeMap<String, ObjectId>,
-    after: &BTreeMap<String, ObjectId>,
-) -> Vec<RefUpdate> {
+pub fn ref_changes(before: &RefMap, after: &RefMap) -> Vec<RefUpdate> {
     let (mut updates, mut deletions): (Vec<RefUpdate>, Vec<RefUpdate>) =
         crate::listing::differences(before, after)
             .into_iter()

@@ -793,6 +793,30 @@ impl GitRepo {
         Ok((found.out, found.pairs))
     }
 
+    /// [`Self::missing_objects_and_bases`] with `known` as the ids the refs
+    /// of some maps hold: looked up in them for the few commits the walk
+    /// asks about, rather than every id of a large listing gathered first.
+    ///
+    /// # Errors
+    /// A missing or unreadable object under `tips`.
+    pub fn missing_objects_and_bases_beyond(
+        &self,
+        tips: &[ObjectId],
+        known: &[std::sync::Arc<crate::listing::RefMap>],
+    ) -> Result<(Vec<ObjectId>, DeltaBases), RepoError> {
+        let found = self.objects_to_send(
+            tips,
+            &|id| known.iter().any(|refs| refs.contains_value(id)),
+            &|| {
+                Ok(known
+                    .iter()
+                    .flat_map(|refs| refs.values().copied())
+                    .collect())
+            },
+        )?;
+        Ok((found.out, found.pairs))
+    }
+
     /// The ids of the objects reachable from `tips` that `target` lacks:
     /// the walk stops at the first commits `target` holds (a repository
     /// holding a commit holds what it reaches), so no ref of `target` is

@@ -754,7 +754,7 @@ impl GitRepo {
     ///
     /// # Errors
     /// A bad ref name, or a failed ref write.
-    pub fn mirror_refs(&self, refs: &BTreeMap<String, ObjectId>) -> Result<(), RepoError> {
+    pub fn mirror_refs(&self, refs: &crate::listing::RefMap) -> Result<(), RepoError> {
         let current = self.branches_and_tags()?;
         self.mirror_refs_from(&current, refs)
     }
@@ -767,8 +767,8 @@ impl GitRepo {
     /// A bad ref name, or a failed ref write.
     pub fn mirror_refs_from(
         &self,
-        current: &BTreeMap<String, ObjectId>,
-        refs: &BTreeMap<String, ObjectId>,
+        current: &crate::listing::RefMap,
+        refs: &crate::listing::RefMap,
     ) -> Result<(), RepoError> {
         /// Changes written one loose ref each; more rewrite packed-refs.
         const FEW: usize = 64;
@@ -886,7 +886,7 @@ impl GitRepo {
         }
         let mut refs = self.try_refs_unpeeled()?;
         refs.retain(|name, _| mirrored(name));
-        Ok(std::sync::Arc::new(refs))
+        Ok(std::sync::Arc::new(refs.into()))
     }
 
     /// Every direct ref with the id it holds (an annotated tag's own id).

@@ -152,7 +152,7 @@ fn check_ref_name(name: &str) -> Result<(), String> {
 }
 
 /// Decodes and checks a base ref map from untrusted bytes named `id`.
-fn decode_base(id: &str, bytes: &[u8]) -> Result<BTreeMap<String, ObjectId>, String> {
+fn decode_base(id: &str, bytes: &[u8]) -> Result<RefMap, String> {
     let computed = gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, bytes)
         .map_err(|e| e.to_string())?;
     if hex_id(id) != Some(computed) {
@@ -160,13 +160,13 @@ fn decode_base(id: &str, bytes: &[u8]) -> Result<BTreeMap<String, ObjectId>, Str
     }
     let map: BTreeMap<String, String> = serde_json::from_slice(bytes)
         .map_err(|e| format!("ref base {id} is not a ref map: {e}"))?;
-    let mut out = BTreeMap::new();
+    let mut out = Vec::with_capacity(map.len());
     for (name, hex) in map {
         check_ref_name(&name)?;
         let oid = hex_id(&hex).ok_or_else(|| format!("ref {name} has a bad object id"))?;
-        out.insert(name, oid);
+        out.push((name, oid));
     }
-    Ok(out)
+    Ok(out.into_iter().collect())
 }
 
 /// Why a snapshot could not be used or written.
@@ -305,7 +305,7 @@ impl LocalState {
     /// they differed.
     fn synced(&self, refs: &Arc<RefMap>) -> Arc<RefMap> {
         match &self.synced_refs {
-            Some(synced) => Arc::new(from_hex_map(synced)),
+            Some(synced) => Arc::new(from_hex_map(synced).into()),
             None => Arc::clone(refs),
         }
     }
@@ -347,7 +347,7 @@ fn now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-fn hex_map(refs: &BTreeMap<String, ObjectId>) -> BTreeMap<String, String> {
+fn hex_map(refs: &RefMap) -> BTreeMap<String, String> {
     refs.iter()
         .map(|(n, id)| (n.clone(), id.to_string()))
         .collect()
@@ -667,7 +667,7 @@ impl<S: ObjectStore> Snapshots<S> {
     /// manifest on every load and save.
     async fn resolve(&self, manifest: &Manifest) -> Result<(Arc<RefMap>, u64), SnapshotError> {
         let Some(base) = &manifest.base else {
-            return Ok((Arc::new(manifest.ref_ids()), 0));
+            return Ok((Arc::new(manifest.ref_ids().into()), 0));
         };
         let key = RefsKey::of(manifest);
         if let Some((cached, refs)) = &self.memory().resolved
@@ -821,13 +821,13 @@ impl<S: ObjectStore> Snapshots<S> {
     async fn upload_pack(
         &self,
         tips: Vec<ObjectId>,
-        known: Vec<ObjectId>,
+        known: Vec<Arc<RefMap>>,
         overwrite: bool,
     ) -> Result<Option<Uploaded>, SnapshotError> {
         let depths = self.memory().tree_depths.clone();
         self.upload_objects(
             move |repo| {
-                let (ids, bases) = repo.missing_objects_and_bases(&tips, &known)?;
+                let (ids, bases) = repo.missing_objects_and_bases_beyond(&tips, &known)?;
                 if ids.is_empty() {
                     return Ok(None);
                 }
@@ -935,10 +935,10 @@ impl<S: ObjectStore> Snapshots<S> {
         } else {
             changes.values().flatten().copied().collect()
         };
-        let known: Vec<ObjectId> = if Arc::ptr_eq(&base, &synced) {
-            base.values().copied().collect()
+        let known: Vec<Arc<RefMap>> = if Arc::ptr_eq(&base, &synced) {
+            vec![Arc::clone(&base)]
         } else {
-            base.values().chain(synced.values()).copied().collect()
+            vec![Arc::clone(&base), Arc::clone(&synced)]
         };
         let mut uploaded = self.upload_pack(tips, known, overwrite).await?;
         let mut bytes_written = uploaded.as_ref().map_or(0, |u| u.bytes);
@@ -1122,11 +1122,10 @@ impl<S: ObjectStore> Snapshots<S> {
                     // the manifest no longer lists. Packed again against
                     // what it does list.
                     let relisted = match &current {
-                        Some((theirs, _, their_refs)) => {
-                            based_on.iter().any(|p| !theirs.packs.contains(p)).then(|| {
-                                (theirs.packs.clone(), their_refs.values().copied().collect())
-                            })
-                        }
+                        Some((theirs, _, their_refs)) => based_on
+                            .iter()
+                            .any(|p| !theirs.packs.contains(p))
+                            .then(|| (theirs.packs.clone(), vec![Arc::clone(their_refs)])),
                         None => Some((Vec::new(), Vec::new())),
                     };
                     if let Some((packs, known)) = relisted {

@@ -8,6 +8,7 @@ use crate::support::{
 use porch_api::v1alpha1::{Task, TaskType};
 use porch_git::identity::Identity;
 use porch_git::layout::RepoLayout;
+use porch_git::listing::RefMap;
 use porch_git::mirror::{Mirror, RetryPolicy, ref_changes};
 use porch_git::operations::{Actor, Packages};
 use porch_git::pktline::RefRejection;
@@ -669,12 +670,12 @@ async fn bad_ref_updates_are_refused_before_connecting() {
 #[test]
 fn ref_changes_are_compare_and_swap_updates() {
     let id = |n: u8| gix::ObjectId::from_bytes_or_panic(&[n; 20]);
-    let before = BTreeMap::from([
+    let before = RefMap::from([
         ("refs/heads/main".to_owned(), id(1)),
         ("refs/heads/proposed/a/ws".to_owned(), id(2)),
         ("refs/remotes/x".to_owned(), id(9)),
     ]);
-    let after = BTreeMap::from([
+    let after = RefMap::from([
         ("refs/heads/main".to_owned(), id(3)),
         ("refs/tags/a/v1".to_owned(), id(3)),
     ]);

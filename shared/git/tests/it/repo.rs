@@ -660,7 +660,7 @@ fn the_cached_ref_listing_is_what_gix_lists() {
         .expect("open")
         .branches_and_tags()
         .expect("lists");
-    assert_eq!(*listed, expected);
+    assert_eq!(*listed, expected.into());
     assert!(listed.contains_key("refs/tags/a/v2"));
     assert!(!listed.contains_key("refs/heads/drafts/a/ws"));
     assert!(listed.contains_key("refs/heads/loose"));
