@@ -182,6 +182,51 @@ pub fn branches_and_tags(git_dir: &Path) -> Option<Arc<RefMap>> {
 
 /// [`branches_and_tags`] with the clock read at `looked_at`.
 fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<RefMap>> {
+    // loose refs first: a ref packed meanwhile is in the `packed-refs`
+    // looked at next (git packs, then removes the loose file)
+    let loose = read_loose(git_dir)?;
+    with_packed(git_dir, looked_at, |entry| entry.listing(loose))
+}
+
+/// One branch or tag, as a single lookup: its loose file, else
+/// `packed-refs` (parsed once while it stays the same, as for
+/// [`branches_and_tags`]). `Some(None)`: no such ref. `None` when the files
+/// hold something this reader does not expect, a symbolic ref among them,
+/// or `name` is not a branch or tag: look it up through gix instead.
+pub fn lookup(git_dir: &Path, name: &str) -> Option<Option<ObjectId>> {
+    let looked_at = SystemTime::now();
+    if !is_branch_or_tag(name) || !valid_name(name) {
+        return None;
+    }
+    match std::fs::read(git_dir.join(name)) {
+        Ok(contents) => {
+            let text = contents.trim_ascii();
+            if text.starts_with(b"ref:") {
+                return None;
+            }
+            return parse_id(text).map(Some);
+        }
+        // no loose file (or a directory, or a file where a directory of the
+        // name would be): the packed one, if any
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::IsADirectory
+                    | std::io::ErrorKind::NotADirectory
+            ) => {}
+        Err(_) => return None,
+    }
+    with_packed(git_dir, looked_at, |entry| entry.packed.get(name).copied())
+}
+
+/// `read` on the kept parse of the repository's `packed-refs`, read and
+/// parsed again first if the file changed.
+fn with_packed<T>(
+    git_dir: &Path,
+    looked_at: SystemTime,
+    read: impl FnOnce(&mut Parsed) -> T,
+) -> Option<T> {
     let path = git_dir.join("packed-refs");
     let stamp = match std::fs::metadata(&path) {
         Ok(meta) => Some(FileStamp::of(&meta)),
@@ -189,7 +234,6 @@ fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<Ref
         Err(_) => return None,
     };
     let settled = stamp.filter(|s| s.settled_before(looked_at));
-    let loose = read_loose(git_dir)?;
     let unchanged = |entry: &Parsed| settled.is_some() && entry.settled_stamp == settled;
     {
         let mut parsed = PARSED
@@ -198,7 +242,7 @@ fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<Ref
         if let Some(entry) = parsed.get_mut(git_dir)
             && unchanged(entry)
         {
-            return Some(entry.listing(loose));
+            return Some(read(entry));
         }
     }
     let packed_bytes = match stamp {
@@ -217,29 +261,23 @@ fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<Ref
     {
         entry.settled_stamp = settled;
         entry.reads += 1;
-        return Some(entry.listing(loose));
+        return Some(read(entry));
     }
     // parsed outside the lock would let two threads parse the same file;
     // a parse is rare (the file changed) and short next to its use
     let packed = Arc::new(parse_packed(&packed_bytes)?);
-    let mut merged = RefMap::clone(&packed);
-    merged.extend(loose.iter().cloned());
-    let merged = Arc::new(merged);
     if parsed.len() >= MAX_REPOSITORIES && !parsed.contains_key(git_dir) {
         parsed.clear();
     }
-    parsed.insert(
-        git_dir.to_path_buf(),
-        Parsed {
-            packed_bytes,
-            settled_stamp: settled,
-            reads: 1,
-            packed,
-            loose,
-            merged: Arc::clone(&merged),
-        },
-    );
-    Some(merged)
+    let entry = parsed.entry(git_dir.to_path_buf()).insert_entry(Parsed {
+        packed_bytes,
+        settled_stamp: settled,
+        reads: 1,
+        merged: Arc::clone(&packed),
+        packed,
+        loose: Vec::new(),
+    });
+    Some(read(entry.into_mut()))
 }
 
 impl Parsed {
@@ -355,6 +393,52 @@ mod tests {
         // a loose file that is not an id: the caller lists through gix
         std::fs::write(git.join("refs/tags/bad"), "not an id\n").expect("write");
         assert!(branches_and_tags(git).is_none());
+    }
+
+    #[test]
+    fn one_ref_is_looked_up_loose_then_packed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let git = dir.path();
+        std::fs::create_dir_all(git.join("refs/heads/drafts/p")).expect("mkdir");
+        std::fs::write(
+            git.join("packed-refs"),
+            format!("{A} refs/heads/main\n{A} refs/tags/p/v1\n{A} refs/heads/drafts/p\n"),
+        )
+        .expect("write");
+        std::fs::write(git.join("refs/heads/main"), format!("{B}\n")).expect("write");
+        std::fs::write(git.join("refs/heads/drafts/p/ws"), format!("{A}\n")).expect("write");
+        std::fs::write(git.join("refs/heads/sym"), "ref: refs/heads/main\n").expect("write");
+        assert_eq!(
+            lookup(git, "refs/heads/main"),
+            Some(Some(id(B))),
+            "loose wins"
+        );
+        assert_eq!(lookup(git, "refs/tags/p/v1"), Some(Some(id(A))), "packed");
+        assert_eq!(lookup(git, "refs/heads/drafts/p/ws"), Some(Some(id(A))));
+        // a directory of loose refs, and a path under a loose file
+        assert_eq!(lookup(git, "refs/heads/drafts/p"), Some(Some(id(A))));
+        assert_eq!(lookup(git, "refs/heads/main/x"), Some(None));
+        assert_eq!(lookup(git, "refs/tags/none"), Some(None));
+        // not for this reader: gix decides
+        assert_eq!(lookup(git, "refs/heads/sym"), None);
+        assert_eq!(lookup(git, "HEAD"), None);
+        assert_eq!(lookup(git, "refs/notes/x"), None);
+        assert_eq!(lookup(git, "refs/heads/../../config"), None);
+        // packed-refs rewritten: read again
+        std::fs::write(git.join("packed-refs"), format!("{B} refs/tags/p/v1\n")).expect("write");
+        assert_eq!(lookup(git, "refs/tags/p/v1"), Some(Some(id(B))));
+        assert_eq!(lookup(git, "refs/heads/drafts/p"), Some(None));
+        // and the listing made after lookups is whole
+        assert_eq!(
+            *branches_and_tags(git).expect("lists"),
+            RefMap::from([
+                ("refs/heads/drafts/p/ws".to_owned(), id(A)),
+                ("refs/heads/main".to_owned(), id(B)),
+                ("refs/tags/p/v1".to_owned(), id(B)),
+            ])
+        );
+        std::fs::remove_file(git.join("packed-refs")).expect("remove");
+        assert_eq!(lookup(git, "refs/tags/p/v1"), Some(None));
     }
 
     fn stamp_changed_at(mtime: (i64, i64), ctime: (i64, i64)) -> FileStamp {

@@ -222,6 +222,21 @@ impl RefMap {
         self.iter().map(|(_, id)| id)
     }
 
+    /// The entries whose names start with `prefix`, in name order, found
+    /// from the chunk the prefix falls in.
+    pub fn prefixed<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a ObjectId)> + 'a {
+        let from = self.chunk_of(prefix);
+        Iter {
+            chunks: self.chunks[from.min(self.chunks.len())..].iter(),
+            entries: [].iter(),
+        }
+        .skip_while(move |(name, _)| name.as_str() < prefix)
+        .take_while(move |(name, _)| name.starts_with(prefix))
+    }
+
     /// Whether any name holds `id`.
     pub fn contains_value(&self, id: &ObjectId) -> bool {
         self.values().any(|v| v == id)
@@ -502,6 +517,22 @@ mod tests {
         for (name, value) in &model {
             assert_eq!(map.get(name), Some(value));
             assert_eq!(map[name.as_str()], *value);
+        }
+        for prefix in [
+            "refs/tags/pkg-1",
+            "refs/tags/pkg-59",
+            "refs/tags/",
+            "",
+            "refs/z",
+            "a",
+        ] {
+            assert!(
+                map.prefixed(prefix).map(|(n, i)| (n.clone(), *i)).eq(model
+                    .iter()
+                    .filter(|(n, _)| n.starts_with(prefix))
+                    .map(|(n, i)| (n.clone(), *i))),
+                "{prefix}"
+            );
         }
         assert_eq!(map.get("refs/heads/nothing"), None);
         assert_eq!(map.get(""), None);

@@ -147,6 +147,16 @@ pub(crate) fn kept_large_tree(id: &ObjectId) -> Option<Arc<[u8]>> {
     Some(data)
 }
 
+/// The id of a large tree kept decoded whose bytes are exactly `data`: a
+/// tree made again (a publish's, whose branch held the package's base, is
+/// the proposal's) is named without hashing it once more.
+fn kept_large_tree_id(data: &[u8]) -> Option<ObjectId> {
+    LargeTrees::kept()
+        .iter()
+        .find(|(_, kept)| kept.len() == data.len() && **kept == *data)
+        .map(|(id, _)| *id)
+}
+
 impl gix_pack::cache::Object for LargeTrees {
     fn put(&mut self, id: ObjectId, kind: gix::object::Kind, data: &[u8]) {
         if kind != gix::object::Kind::Tree || data.len() < Self::AT_LEAST {
@@ -362,8 +372,11 @@ impl GitRepo {
             return gix::objs::Write::write_buf(&self.repo.objects, gix::object::Kind::Tree, data)
                 .map_err(git("write a tree"));
         }
-        let id = gix::objs::compute_hash(self.repo.object_hash(), gix::object::Kind::Tree, data)
-            .map_err(git("hash a tree"))?;
+        let id = match kept_large_tree_id(data) {
+            Some(id) => id,
+            None => gix::objs::compute_hash(self.repo.object_hash(), gix::object::Kind::Tree, data)
+                .map_err(git("hash a tree"))?,
+        };
         // a new tree is usually missing: looked up without listing the
         // pack directory again (a copy in a pack written meanwhile costs a
         // loose duplicate)
@@ -393,6 +406,16 @@ impl GitRepo {
     /// # Errors
     /// An unreadable ref.
     pub fn ref_id(&self, name: &str) -> Result<Option<ObjectId>, RepoError> {
+        // a branch or tag from its file or the kept parse of `packed-refs`,
+        // rather than through a gix handle that maps `packed-refs` (1 MB at
+        // 10,000 packages) for each repository opened; an annotated tag's
+        // own id is peeled below, as gix would
+        if let Some(found) = crate::listing::lookup(self.repo.path(), name) {
+            return match found {
+                Some(id) => self.peeled(id).map(Some),
+                None => Ok(None),
+            };
+        }
         match self
             .repo
             .try_find_reference(name)
@@ -405,12 +428,41 @@ impl GitRepo {
         }
     }
 
+    /// The object an id names, through any annotated tags to what they
+    /// point at.
+    fn peeled(&self, id: ObjectId) -> Result<ObjectId, RepoError> {
+        let header = self
+            .repo
+            .find_header(id)
+            .map_err(git("read a ref's object"))?;
+        if header.kind() != gix::object::Kind::Tag {
+            return Ok(id);
+        }
+        Ok(self
+            .repo
+            .find_object(id)
+            .map_err(git("read a ref's object"))?
+            .peel_tags_to_end()
+            .map_err(git("peel a ref"))?
+            .id)
+    }
+
     /// The refs whose names start with `prefix` (e.g. `refs/tags/a/`),
     /// peeled, without reading the others.
     ///
     /// # Errors
     /// Unreadable refs.
     pub fn refs_with_prefix(&self, prefix: &str) -> Result<BTreeMap<String, ObjectId>, RepoError> {
+        // branches and tags from the shared listing (no gix handle mapping
+        // `packed-refs`), annotated tags peeled as below
+        if (prefix.starts_with("refs/heads/") || prefix.starts_with("refs/tags/"))
+            && let Some(listing) = crate::listing::branches_and_tags(self.repo.path())
+        {
+            return listing
+                .prefixed(prefix)
+                .map(|(name, id)| Ok((name.clone(), self.peeled(*id)?)))
+                .collect();
+        }
         let platform = self.repo.references().map_err(git("list refs"))?;
         let mut out = BTreeMap::new();
         let prefix_ref: &gix::bstr::BStr = prefix.as_bytes().as_bstr();
