@@ -31,6 +31,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+#[path = "../tests/servers/announced.rs"]
+mod announced;
+
 /// A store that counts the bytes it hands back.
 #[derive(Debug, Clone)]
 struct Counting {
@@ -200,27 +203,11 @@ impl Drop for Server {
 }
 
 fn serve(root: &Path) -> (Server, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/git_http_server.py");
-    let server = Server(
-        Command::new("python3")
-            .arg(script)
-            .arg(root)
-            .arg(port.to_string())
-            .spawn()
-            .unwrap(),
-    );
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (server, port);
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("server did not start");
+    let mut command = Command::new("python3");
+    command.arg(script).arg(root).arg("0");
+    let (child, port) = announced::spawn_announcing(command);
+    (Server(child), port)
 }
 
 fn median(values: &mut [f64]) -> f64 {

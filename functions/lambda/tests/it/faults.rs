@@ -37,6 +37,9 @@ use crate::fault_proxy::{Fault, FaultProxy, git_rule, s3_rule};
 use crate::git;
 use crate::runtime_api::{RuntimeApi, invoke_api};
 
+#[path = "../../../../shared/git/tests/servers/announced.rs"]
+mod announced;
+
 /// Packages (each published twice, one revision deleted), the chance of a
 /// fault per request in percent, and the pause between kills: the
 /// defaults keep the run near a minute; `FAULTS_PACKAGES`, `FAULTS_PERCENT`
@@ -62,32 +65,18 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 fn python_server(script: &str, args: &[&str], dir: &Path) -> (Server, u16) {
-    let port = free_port();
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/git/tests/servers")
         .join(script);
-    let child = Command::new("python3")
+    let mut command = Command::new("python3");
+    command
         .arg(script)
         .args(args)
-        .arg(port.to_string())
+        .arg("0")
         .current_dir(dir)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("python3 runs");
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
+        .stderr(Stdio::null());
+    let (child, port) = announced::spawn_announcing(command);
     (Server(child), port)
 }
 

@@ -15,6 +15,9 @@ use porch_git::operations::{Actor, Packages};
 use porch_git::remote::LocalRemote;
 use porch_git::repo::GitRepo;
 
+#[path = "../../../git/tests/servers/announced.rs"]
+mod announced;
+
 pub(crate) type Files = BTreeMap<String, Vec<u8>>;
 
 pub(crate) fn package(pipeline: &str) -> Files {
@@ -221,24 +224,14 @@ pub(crate) fn served_with_auth(root: &Path, auth: Option<&str>) -> (Server, Stri
     let bare = root.join("repo.git");
     git(root, &["init", "--bare", "-q", "-b", "main", "repo.git"]);
     git(&bare, &["config", "http.receivepack", "true"]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
     let script =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../git/tests/servers/git_http_server.py");
     let mut command = Command::new("python3");
-    command.arg(script).arg(root).arg(port.to_string());
+    command.arg(script).arg(root).arg("0");
     if let Some(auth) = auth {
         command.env("GIT_TEST_AUTH", auth);
     }
-    let child = command.spawn().expect("python3 runs");
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
+    let (child, port) = announced::spawn_announcing(command);
     (Server(child), format!("http://127.0.0.1:{port}/repo.git"))
 }
 
@@ -313,27 +306,15 @@ pub(crate) async fn moto_store(root: &Path) -> (Server, porch_git::s3::S3Store) 
 /// moto's server for every AWS API it mocks, one request at a time, and
 /// its port.
 pub(crate) fn moto(root: &Path) -> (Server, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../git/tests/servers/moto_serial.py");
-    let child = Command::new("python3")
+    let mut command = Command::new("python3");
+    command
         .arg(script)
-        .arg("127.0.0.1")
-        .arg(port.to_string())
+        .args(["127.0.0.1", "0"])
         .current_dir(root)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3 runs moto (pip install 'moto[server]')");
-    let server = Server(child);
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
-    (server, port)
+        .stderr(std::process::Stdio::null());
+    let (child, port) = announced::spawn_announcing(command);
+    (Server(child), port)
 }
 
 /// Sends the test's log lines, at the level `PORCH_TEST_LOG` names (none

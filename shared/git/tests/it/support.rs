@@ -3,6 +3,9 @@
 use std::path::Path;
 use std::process::Command;
 
+#[path = "../servers/announced.rs"]
+mod announced;
+
 /// `git` with no system or global configuration and a fixed identity.
 pub(crate) fn git_command() -> Command {
     trace_logs();
@@ -96,34 +99,24 @@ impl Drop for Server {
     }
 }
 
-fn wait_listening(port: u16) {
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(25));
-    }
-    panic!("server on port {port} did not start");
-}
-
 /// The smart-HTTP test server over `root`; `auth` is a `user:password`
 /// pair it then requires.
 pub(crate) fn http_server(root: &Path, auth: Option<&str>) -> Server {
-    let port = free_port();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/git_http_server.py");
     let mut command = Command::new("python3");
-    command.arg(script).arg(root).arg(port.to_string());
+    command.arg(script).arg(root).arg("0");
     if let Some(auth) = auth {
         command.env("GIT_TEST_AUTH", auth);
     }
-    let child = command.spawn().expect("python3 runs");
-    wait_listening(port);
+    let (child, port) = announced::spawn_announcing(command);
     Server { child, port }
 }
 
-/// `git daemon` over `root` with receive-pack enabled.
+/// `git daemon` over `root` with receive-pack enabled. It cannot be told
+/// to pick a port itself, so a port taken by another test's server between
+/// choosing and binding it shows as the daemon exiting: then it is started
+/// again on another port.
 pub(crate) fn git_daemon(root: &Path) -> Server {
-    let port = free_port();
     // git-daemon itself: the `git daemon` wrapper would leave it running
     // when killed
     let exec_path = run({
@@ -131,19 +124,44 @@ pub(crate) fn git_daemon(root: &Path) -> Server {
         c.arg("--exec-path");
         c
     });
-    let mut command = Command::new(Path::new(exec_path.trim()).join("git-daemon"));
-    command
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .args(["--reuseaddr", "--export-all", "--enable=receive-pack"])
-        .arg("--listen=127.0.0.1")
-        .arg(format!("--port={port}"))
-        .arg(format!("--base-path={}", root.display()))
-        .arg(root)
-        .stderr(std::process::Stdio::null());
-    let child = command.spawn().expect("git daemon runs");
-    wait_listening(port);
-    Server { child, port }
+    for _ in 0..5 {
+        let port = free_port();
+        let mut command = Command::new(Path::new(exec_path.trim()).join("git-daemon"));
+        command
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .args(["--reuseaddr", "--export-all", "--enable=receive-pack"])
+            .arg("--listen=127.0.0.1")
+            .arg(format!("--port={port}"))
+            .arg(format!("--base-path={}", root.display()))
+            .arg(root)
+            .stderr(std::process::Stdio::null());
+        let mut server = Server {
+            child: command.spawn().expect("git daemon runs"),
+            port,
+        };
+        if listening_while_alive(&mut server) {
+            return server;
+        }
+    }
+    panic!("git daemon did not start on any of five ports");
+}
+
+/// Whether `server` listens, judged only while its process lives: a port
+/// that answers for a process that then exits belongs to another server.
+fn listening_while_alive(server: &mut Server) -> bool {
+    for _ in 0..200 {
+        if server.child.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", server.port)).is_ok() {
+            // a daemon that failed to bind exits at once
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            return server.child.try_wait().ok().flatten().is_none();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    panic!("server on port {} did not start", server.port);
 }
 
 /// A TLS-terminating proxy on loopback in front of `backend_port`, with a
@@ -194,16 +212,13 @@ pub(crate) async fn tls_proxy(backend_port: u16) -> (u16, Vec<u8>) {
 
 /// moto's S3 server, one request at a time (see `servers/moto_serial.py`).
 pub(crate) fn moto_server() -> Server {
-    let port = free_port();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers/moto_serial.py");
-    let child = Command::new("python3")
+    let mut command = Command::new("python3");
+    command
         .arg(script)
-        .arg("127.0.0.1")
-        .arg(port.to_string())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("python3 runs moto (pip install 'moto[server]')");
-    wait_listening(port);
+        .args(["127.0.0.1", "0"])
+        .stderr(std::process::Stdio::null());
+    let (child, port) = announced::spawn_announcing(command);
     Server { child, port }
 }
 

@@ -4,7 +4,8 @@
 
 Usage: git_http_server.py ROOT PORT
 
-Serves ROOT/<name>.git on 127.0.0.1:PORT. Each repository needs
+Serves ROOT/<name>.git on 127.0.0.1:PORT (PORT 0: a port the system picks)
+and prints the bound port as its first line of output. Each repository needs
 `http.receivepack true` to accept pushes. Test controls:
   * GIT_TEST_AUTH=user:password  requires that basic-auth pair (else 401);
   * ROOT/.fail-receive-pack holding N: the next N receive-pack POSTs answer
@@ -118,4 +119,6 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+    server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
