@@ -190,6 +190,83 @@ impl gix_pack::cache::Object for LargeTrees {
     }
 }
 
+/// A handle's last few large trees resolved from deltas in its packs,
+/// by pack and offset (gix's delta-base cache, which it consults at every
+/// step of a chain). Snapshots store a root tree of hundreds of kilobytes
+/// as a chain of up to [`crate::pack::MAX_DELTA_DEPTH`] deltas: without
+/// it, reading each tree of a history (a compaction reads them all)
+/// applies its whole chain again, a copy of the tree per delta; with it,
+/// a tree whose base was read just before costs one delta.
+///
+/// One per handle, as gix keys it by the handle's own pack ids.
+#[derive(Default)]
+struct LargeBases {
+    /// Newest first: pack id, offset, kind, packed size and the bytes.
+    kept: std::collections::VecDeque<(u32, u64, gix::object::Kind, usize, Vec<u8>)>,
+}
+
+impl LargeBases {
+    const KEPT: usize = 4;
+}
+
+impl gix_pack::cache::DecodeEntry for LargeBases {
+    fn put(
+        &mut self,
+        pack_id: u32,
+        offset: u64,
+        data: &[u8],
+        kind: gix::object::Kind,
+        compressed_size: usize,
+    ) {
+        if kind != gix::object::Kind::Tree || data.len() < crate::pack::LARGE_TREE {
+            return;
+        }
+        if let Some(at) = self
+            .kept
+            .iter()
+            .position(|(p, o, ..)| (*p, *o) == (pack_id, offset))
+        {
+            if let Some(entry) = self.kept.remove(at) {
+                self.kept.push_front(entry);
+            }
+            return;
+        }
+        // the oldest entry's buffer is reused
+        let mut bytes = if self.kept.len() >= Self::KEPT {
+            self.kept
+                .pop_back()
+                .map(|entry| entry.4)
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        bytes.clear();
+        bytes.extend_from_slice(data);
+        self.kept
+            .push_front((pack_id, offset, kind, compressed_size, bytes));
+    }
+
+    fn get(
+        &mut self,
+        pack_id: u32,
+        offset: u64,
+        out: &mut Vec<u8>,
+    ) -> Option<(gix::object::Kind, usize)> {
+        let at = self
+            .kept
+            .iter()
+            .position(|(p, o, ..)| (*p, *o) == (pack_id, offset))?;
+        let (_, _, kind, packed, bytes) = &self.kept[at];
+        out.clear();
+        out.extend_from_slice(bytes);
+        let found = (*kind, *packed);
+        if let Some(entry) = self.kept.remove(at) {
+            self.kept.push_front(entry);
+        }
+        Some(found)
+    }
+}
+
 /// A git repository on local disk.
 pub struct GitRepo {
     pub(crate) repo: gix::Repository,
@@ -239,6 +316,8 @@ impl GitRepo {
             source: Box::new(e),
         })?;
         repo.objects.set_object_cache(|| Box::new(LargeTrees));
+        repo.objects
+            .set_pack_cache(|| Box::new(LargeBases::default()));
         Ok(Self {
             repo,
             journal: std::cell::RefCell::new(Vec::new()),
@@ -1086,5 +1165,42 @@ impl<'r> PathLookup<'r> {
             .map_err(git("read a blob"))?
             .data
             .clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LargeBases;
+    use gix::object::Kind;
+    use gix_pack::cache::DecodeEntry as _;
+
+    fn tree(fill: u8) -> Vec<u8> {
+        vec![fill; crate::pack::LARGE_TREE]
+    }
+
+    #[test]
+    fn large_bases_keep_the_last_large_trees_by_pack_and_offset() {
+        let mut cache = LargeBases::default();
+        let mut out = b"stale".to_vec();
+        // small objects and large non-trees are left to be resolved again
+        cache.put(1, 10, b"small tree", Kind::Tree, 9);
+        cache.put(1, 20, &tree(b'b'), Kind::Blob, 9);
+        assert_eq!(cache.get(1, 10, &mut out), None);
+        assert_eq!(cache.get(1, 20, &mut out), None);
+        for offset in 0..LargeBases::KEPT as u8 {
+            cache.put(1, u64::from(offset), &tree(offset), Kind::Tree, 7);
+        }
+        // the same offset in another pack is another object
+        assert_eq!(cache.get(2, 0, &mut out), None);
+        assert_eq!(cache.get(1, 0, &mut out), Some((Kind::Tree, 7)));
+        assert_eq!(out, tree(0));
+        // one more: the least recently used (offset 1, as 0 was just read)
+        // goes
+        cache.put(1, 99, &tree(99), Kind::Tree, 5);
+        assert_eq!(cache.get(1, 1, &mut out), None);
+        assert_eq!(cache.get(1, 0, &mut out), Some((Kind::Tree, 7)));
+        assert_eq!(cache.get(1, 99, &mut out), Some((Kind::Tree, 5)));
+        assert_eq!(out, tree(99));
+        assert_eq!(cache.kept.len(), LargeBases::KEPT);
     }
 }
