@@ -731,9 +731,10 @@ impl GitRepo {
     /// Writes `ids` into `to` as loose objects (ids `to` has are skipped):
     /// for a few objects, cheaper than a pack and its index. An object that
     /// is loose here is linked to its file, or else copied as it is, still
-    /// compressed (a root tree of 10,000 packages is 350 KB to inflate, hash
-    /// and deflate again otherwise). Blobs first, then trees, commits and tags last, so a
-    /// reader that sees an object finds what it points to.
+    /// compressed (a root tree of 10,000 packages is 350 KB to inflate,
+    /// hash and deflate again otherwise). Blobs first, then trees, commits
+    /// and tags last, so a reader that sees an object finds what it points
+    /// to.
     ///
     /// # Errors
     /// An object missing here, or a failed write.
@@ -1409,9 +1410,6 @@ pub(crate) fn loose_path(objects: &std::path::Path, id: &ObjectId) -> std::path:
     objects.join(fan).join(rest)
 }
 
-/// Writes a file of the object database (a loose object's compressed
-/// file, a pack, an index): to a temporary name beside it, then renamed,
-/// so a reader never sees half of it.
 /// Puts the loose object file `from` at `to`, the same object's path in
 /// another repository on the same filesystem, as a hard link: no bytes
 /// read or written (a root tree of 10,000 packages is 350 KB), and the file
@@ -1433,6 +1431,9 @@ fn link_object_file(from: &std::path::Path, to: &std::path::Path) -> bool {
     }
 }
 
+/// Writes a file of the object database (a loose object's compressed
+/// file, a pack, an index): to a temporary name beside it, then renamed,
+/// so a reader never sees half of it.
 pub(crate) fn write_object_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), RepoError> {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let io = |e: std::io::Error| RepoError::Git {
