@@ -16,6 +16,8 @@
 //!   local directory store; S3 comes with the snapshot);
 //! * [`listing`]: every branch and tag of a repository, its `packed-refs`
 //!   parse kept while the file stays the same;
+//! * `opened`: repositories opened in this process, kept by path and
+//!   checked against the disk at every open;
 //! * [`repo`]: repository access with gix (objects, package trees,
 //!   compare-and-swap ref updates), isolated from user configuration.
 
@@ -26,6 +28,7 @@ pub mod identity;
 pub mod layout;
 pub mod listing;
 pub mod mirror;
+mod opened;
 pub mod operations;
 pub mod pack;
 pub mod pktline;

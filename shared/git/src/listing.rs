@@ -35,16 +35,16 @@ const SETTLED: Duration = Duration::from_secs(2);
 /// rewrite by rename (git's, gix's and ours) makes a new inode; a write in
 /// place moves the times.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct FileStamp {
-    dev: u64,
-    ino: u64,
+pub(crate) struct FileStamp {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
     len: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
 }
 
 impl FileStamp {
-    fn of(meta: &std::fs::Metadata) -> Self {
+    pub(crate) fn of(meta: &std::fs::Metadata) -> Self {
         Self {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -57,7 +57,7 @@ impl FileStamp {
     /// Whether any change made after `looked_at` must change this stamp:
     /// the file's last change is settled well before it, so a later one
     /// carries a later time (or, by rename, another inode).
-    fn settled_before(&self, looked_at: SystemTime) -> bool {
+    pub(crate) fn settled_before(&self, looked_at: SystemTime) -> bool {
         let latest = self.mtime.max(self.ctime);
         let Ok(secs) = u64::try_from(latest.0) else {
             return false;

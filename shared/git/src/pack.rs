@@ -718,12 +718,12 @@ impl GitRepo {
         self.repo.has_object(id)
     }
 
-    /// Whether `id` is among the objects this handle saw at its first lookup,
-    /// or loose now. Unlike [`Self::has_object`], a miss does not list the pack
-    /// directory again and resolve its alternates, which costs more than the
-    /// lookup itself; a pack written meanwhile by someone else is missed, so
-    /// a caller deciding what to send sends an object too many, never one
-    /// too few.
+    /// Whether `id` is in the packs the object database knew when this
+    /// handle was opened (or at its first lookup), or loose now. Unlike
+    /// [`Self::has_object`], a miss does not list the pack directory again
+    /// and resolve its alternates, which costs more than the lookup itself;
+    /// a pack written meanwhile by someone else is missed, so a caller
+    /// deciding what to send sends an object too many, never one too few.
     pub(crate) fn has_object_without_rescan(&self, id: ObjectId) -> bool {
         self.repo.objects.exists_without_refresh(&id)
     }

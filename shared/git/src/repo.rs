@@ -300,20 +300,16 @@ impl GitRepo {
         Self::open(path)
     }
 
-    /// Opens a repository isolated from user and system configuration.
+    /// Opens a repository isolated from user and system configuration,
+    /// sharing what an earlier open of it in this process loaded
+    /// ([`crate::opened`]).
     ///
     /// # Errors
     /// No repository at `path`.
     pub fn open(path: &Path) -> Result<Self, RepoError> {
-        // Objects are what their ids name: no `refs/replace/` substitutes
-        // (which `git` itself ignores when it serves a pack), and no scan
-        // of a 1 MB `packed-refs` for them at every open of a large
-        // repository.
-        let options =
-            gix::open::Options::isolated().config_overrides(["core.useReplaceRefs=false"]);
-        let mut repo = gix::open_opts(path, options).map_err(|e| RepoError::Open {
+        let mut repo = crate::opened::open(path).map_err(|source| RepoError::Open {
             path: path.display().to_string(),
-            source: Box::new(e),
+            source,
         })?;
         repo.objects.set_object_cache(|| Box::new(LargeTrees));
         repo.objects

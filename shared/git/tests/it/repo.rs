@@ -801,6 +801,121 @@ fn objects_missing_from_a_target_are_judged_by_what_its_handle_saw_first() {
     git(&target_dir, &["fsck", "--strict", "--no-dangling"]);
 }
 
+/// A repository is kept open between opens in one process; one deleted and
+/// made again at the same path is not the one kept.
+#[test]
+fn a_repository_made_again_at_the_same_path_is_opened_afresh() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("repo.git");
+    let first = GitRepo::init_bare(&path).expect("init");
+    let tree = first.write_files(&package()).expect("tree");
+    let commit = first
+        .commit(tree, &[], "one", &orchestrator(), &committer(), 0)
+        .expect("commit");
+    first
+        .update_ref("refs/heads/main", None, Some(commit))
+        .expect("ref");
+    drop(first);
+    assert!(GitRepo::open(&path).expect("open").has_object(commit));
+
+    std::fs::remove_dir_all(&path).expect("remove");
+    let again = GitRepo::init_bare(&path).expect("init again");
+    assert!(
+        !again.has_object(commit),
+        "objects of the deleted repository"
+    );
+    assert_eq!(again.try_refs_unpeeled().expect("refs"), Default::default());
+    assert_eq!(again.ref_id("refs/heads/main").expect("ref"), None);
+}
+
+/// `packed-refs` rewritten with the same size and modification time (two
+/// writes within one tick of the coarse clock) is read again at the next
+/// open, though gix itself compares modification times only.
+#[test]
+fn packed_refs_rewritten_within_one_tick_are_read_again() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("repo.git");
+    let repo = GitRepo::init_bare(&path).expect("init");
+    let tree = repo.write_files(&package()).expect("tree");
+    let who = orchestrator();
+    let one = repo
+        .commit(tree, &[], "one", &who, &committer(), 0)
+        .expect("commit");
+    let two = repo
+        .commit(tree, &[one], "two", &who, &committer(), 1)
+        .expect("commit");
+    drop(repo);
+    let packed = path.join("packed-refs");
+    let write = |id: gix::ObjectId| {
+        let tmp = path.join("packed-refs.new");
+        std::fs::write(
+            &tmp,
+            format!("# pack-refs with: sorted \n{id} refs/heads/main\n"),
+        )
+        .expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&tmp)
+            .expect("open")
+            .set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000))
+            .expect("set time");
+        std::fs::rename(&tmp, &packed).expect("rename");
+    };
+    let main = || {
+        GitRepo::open(&path)
+            .expect("open")
+            .try_refs_unpeeled()
+            .expect("refs")
+            .get("refs/heads/main")
+            .copied()
+    };
+    write(one);
+    assert_eq!(main(), Some(one));
+    write(two);
+    assert_eq!(main(), Some(two), "the rewrite is seen");
+}
+
+/// The object database kept between opens has a fixed number of index
+/// slots; a repository that gains many packs meanwhile still finds the
+/// objects in all of them.
+#[test]
+fn a_repository_that_gains_many_packs_between_opens_finds_all_their_objects() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let source = GitRepo::init_bare(&tmp.path().join("source.git")).expect("init");
+    let target_dir = tmp.path().join("target.git");
+    drop(GitRepo::init_bare(&target_dir).expect("init"));
+    let who = orchestrator();
+    let mut commits = Vec::new();
+    for n in 0..80 {
+        let mut files = package();
+        files.insert("n.yaml".to_owned(), format!("n: {n}\n").into_bytes());
+        let tree = source.write_files(&files).expect("tree");
+        let commit = source
+            .commit(tree, &[], "one", &who, &committer(), n)
+            .expect("commit");
+        let target = GitRepo::open(&target_dir).expect("open");
+        let objects = source
+            .objects_missing_from(&[commit], &target)
+            .expect("missing");
+        target
+            .install_pack(&source.write_pack(&objects).expect("pack"))
+            .expect("install");
+        commits.push(commit);
+    }
+    let packs = std::fs::read_dir(target_dir.join("objects/pack"))
+        .expect("packs")
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "idx"))
+        .count();
+    assert_eq!(packs, 80);
+    let target = GitRepo::open(&target_dir).expect("open");
+    for commit in &commits {
+        assert!(target.has_object(*commit));
+        let files = target.read_files(*commit, "").expect("read");
+        assert!(files.contains_key("n.yaml"));
+    }
+}
+
 /// A pack index is read back to the ids it lists; anything that is not a
 /// whole version 2 index is refused, not read past its end.
 #[test]
