@@ -6,13 +6,15 @@
 //! that is 20,000 lines (1 MB) to read, parse, check and copy into a map
 //! each time. The parse is kept per repository for as long as the file
 //! stays the same. Same means the same bytes, or, once the file is older
-//! than a clock tick or two, the same inode, size and times: git's rule for
-//! racily clean index entries, since a rewrite within the tick in which the
-//! file was read can leave its size and times unchanged. Loose ref files
-//! are read every time, and they are few, since a mirror rewrites
-//! `packed-refs` when many refs move. Anything unexpected in the files (a
-//! line that is not an id and a name, an id that is not SHA-1, a name git
-//! would refuse) makes the caller fall back to listing through gix.
+//! than many ticks of the clock file times come from (a tenth of a second;
+//! two seconds where times are whole seconds), the same inode, size and
+//! times: git's rule for racily clean index entries, since a rewrite within
+//! the tick in which the file was read can leave its size and times
+//! unchanged. Loose ref files are read every time, and they are few, since
+//! a mirror rewrites `packed-refs` when many refs move. Anything unexpected
+//! in the files (a line that is not an id and a name, an id that is not
+//! SHA-1, a name git would refuse) makes the caller fall back to listing
+//! through gix.
 
 use gix::ObjectId;
 use std::collections::HashMap;
@@ -27,9 +29,14 @@ pub use crate::refmap::{RefMap, differences};
 const MAX_REPOSITORIES: usize = 64;
 
 /// How much older than the moment it was looked at a file must be for its
-/// stamp to stand for its bytes: more than the coarsest timestamp a
-/// filesystem keeps (two seconds) and the kernel's coarse clock lag.
-const SETTLED: Duration = Duration::from_secs(2);
+/// stamp to stand for its bytes, on a filesystem that keeps sub-second
+/// times: many ticks of the kernel's coarse clock that file times are taken
+/// from (a tick is 10 ms at the slowest, `HZ=100`).
+const SETTLED: Duration = Duration::from_millis(100);
+
+/// The same on a filesystem that keeps whole seconds (a stamp whose times
+/// have no nanoseconds): more than the coarsest it may keep (two seconds).
+const SETTLED_WHOLE_SECONDS: Duration = Duration::from_secs(2);
 
 /// What tells one version of a file from another without reading it. A
 /// rewrite by rename (git's, gix's and ours) makes a new inode; a write in
@@ -66,7 +73,12 @@ impl FileStamp {
             return false;
         };
         let changed = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
-        changed + SETTLED < looked_at
+        let margin = if self.mtime.1 == 0 && self.ctime.1 == 0 {
+            SETTLED_WHOLE_SECONDS
+        } else {
+            SETTLED
+        };
+        changed + margin < looked_at
     }
 }
 
@@ -455,10 +467,17 @@ mod tests {
     fn a_stamp_stands_for_its_bytes_only_once_its_last_change_is_settled() {
         let at = |secs: u64, nanos: u32| SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
         let stamp = stamp_changed_at((1_000, 0), (1_000, 500_000_000));
-        // the later of the two times counts
-        assert!(!stamp.settled_before(at(1_002, 400_000_000)));
-        assert!(!stamp.settled_before(at(1_002, 500_000_000)));
-        assert!(stamp.settled_before(at(1_002, 500_000_001)));
+        // the later of the two times counts, and a tenth of a second after
+        // it on a filesystem with sub-second times
+        assert!(!stamp.settled_before(at(1_000, 550_000_000)));
+        assert!(!stamp.settled_before(at(1_000, 600_000_000)));
+        assert!(stamp.settled_before(at(1_000, 600_000_001)));
+        assert!(!stamp_changed_at((1_005, 0), (1_000, 7)).settled_before(at(1_005, 50_000_000)));
+        // two seconds where times are whole seconds
+        let whole = stamp_changed_at((1_000, 0), (1_000, 0));
+        assert!(!whole.settled_before(at(1_001, 900_000_000)));
+        assert!(!whole.settled_before(at(1_002, 0)));
+        assert!(whole.settled_before(at(1_002, 1)));
         assert!(!stamp_changed_at((1_005, 0), (1_000, 0)).settled_before(at(1_006, 0)));
         // times before the epoch, or nonsense nanoseconds, never are
         assert!(!stamp_changed_at((-5, 0), (-5, 0)).settled_before(at(1_000, 0)));
