@@ -43,15 +43,30 @@ const SETTLED_WHOLE_SECONDS: Duration = Duration::from_secs(2);
 /// place moves the times.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct FileStamp {
-    pub(crate) dev: u64,
-    pub(crate) ino: u64,
+    dev: u64,
+    ino: u64,
     len: u64,
     mtime: (i64, i64),
     ctime: (i64, i64),
 }
 
 impl FileStamp {
-    pub(crate) fn of(meta: &std::fs::Metadata) -> Self {
+    /// The stamp of the file at `path`; `None` when there is none.
+    pub(crate) fn at(path: &Path) -> std::io::Result<Option<Self>> {
+        match std::fs::metadata(path) {
+            Ok(meta) => Ok(Some(Self::of(&meta))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether both stamps are of the same file (device and inode), in
+    /// whatever version.
+    pub(crate) fn same_file(&self, other: &Self) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+
+    fn of(meta: &std::fs::Metadata) -> Self {
         Self {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -240,11 +255,7 @@ fn with_packed<T>(
     read: impl FnOnce(&mut Parsed) -> T,
 ) -> Option<T> {
     let path = git_dir.join("packed-refs");
-    let stamp = match std::fs::metadata(&path) {
-        Ok(meta) => Some(FileStamp::of(&meta)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(_) => return None,
-    };
+    let stamp = FileStamp::at(&path).ok()?;
     let settled = stamp.filter(|s| s.settled_before(looked_at));
     let unchanged = |entry: &Parsed| settled.is_some() && entry.settled_stamp == settled;
     {

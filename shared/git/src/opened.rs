@@ -60,14 +60,6 @@ thread_local! {
         const { RefCell::new(VecDeque::new()) };
 }
 
-fn stamp(path: &Path) -> std::io::Result<Option<FileStamp>> {
-    match std::fs::metadata(path) {
-        Ok(meta) => Ok(Some(FileStamp::of(&meta))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 /// How many pack indices the pack directory holds.
 fn pack_indices(pack_dir: &Path) -> usize {
     std::fs::read_dir(pack_dir).map_or(0, |entries| {
@@ -89,30 +81,31 @@ pub(crate) fn open(
     let now = SystemTime::now();
     let settled = |stamp: Option<FileStamp>| stamp.filter(|s| s.settled_before(now));
     let objects_dir = path.join("objects");
-    let objects =
-        stamp(&objects_dir)?.ok_or_else(|| format!("{} is missing", objects_dir.display()))?;
-    let config = stamp(&path.join("config"))?;
+    let objects = FileStamp::at(&objects_dir)?
+        .ok_or_else(|| format!("{} is missing", objects_dir.display()))?;
+    let config = FileStamp::at(&path.join("config"))?;
     let pack_dir = objects_dir.join("pack");
-    let packs = stamp(&pack_dir)?;
-    let packed_refs = stamp(&path.join("packed-refs"))?;
+    let packs = FileStamp::at(&pack_dir)?;
+    let packs_settled = settled(packs);
+    let packed_refs = FileStamp::at(&path.join("packed-refs"))?;
+    let packed_refs_settled = settled(packed_refs);
+    // counted once, when the pack directory changed or for a fresh open
+    let mut indices = None;
 
     let reused = KEPT_REPOSITORIES.with_borrow_mut(|kept| {
         let at = kept.iter().position(|k| k.path == path)?;
         let mut entry = kept.remove(at)?;
         // the objects directory keeps its inode while the repository
         // lives; only its times move as objects are added
-        if entry.objects.dev != objects.dev
-            || entry.objects.ino != objects.ino
-            || entry.config != config
-        {
+        if !entry.objects.same_file(&objects) || entry.config != config {
             return None;
         }
-        let packs_changed = settled(packs).is_none() || entry.packs != settled(packs);
-        if packs_changed && pack_indices(&pack_dir) * 2 > entry.slots {
+        let packs_changed = packs_settled.is_none() || entry.packs != packs_settled;
+        if packs_changed && *indices.insert(pack_indices(&pack_dir)) * 2 > entry.slots {
             return None;
         }
         let refs_changed = packed_refs.is_some()
-            && (settled(packed_refs).is_none() || entry.packed_refs != settled(packed_refs));
+            && (packed_refs_settled.is_none() || entry.packed_refs != packed_refs_settled);
         // a `packed-refs` that cannot be loaded again (gone meanwhile, or
         // unreadable) is left to a fresh open to report
         if refs_changed && entry.repo.refs.force_refresh_packed_buffer().is_err() {
@@ -124,8 +117,8 @@ pub(crate) fn open(
             let _ =
                 gix::objs::Exists::exists(&repo.objects, &gix::ObjectId::null(repo.object_hash()));
         }
-        entry.packs = settled(packs);
-        entry.packed_refs = settled(packed_refs);
+        entry.packs = packs_settled;
+        entry.packed_refs = packed_refs_settled;
         kept.push_front(entry);
         Some(repo)
     });
@@ -136,7 +129,7 @@ pub(crate) fn open(
     // Objects are what their ids name: no `refs/replace/` substitutes
     // (which `git` itself ignores when it serves a pack), and no scan of a
     // 1 MB `packed-refs` for them at every open of a large repository.
-    let slots = pack_indices(&pack_dir) * 2 + SPARE_SLOTS;
+    let slots = indices.unwrap_or_else(|| pack_indices(&pack_dir)) * 2 + SPARE_SLOTS;
     let options = gix::open::Options::isolated()
         .config_overrides(["core.useReplaceRefs=false"])
         .object_store_slots(gix::odb::store::init::Slots::Given(
@@ -155,8 +148,8 @@ pub(crate) fn open(
             slots,
             // gix lists the pack directory and loads `packed-refs` on first
             // use, after these stamps
-            packs: settled(packs),
-            packed_refs: settled(packed_refs),
+            packs: packs_settled,
+            packed_refs: packed_refs_settled,
             repo,
         });
     });
