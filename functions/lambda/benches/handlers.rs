@@ -359,6 +359,8 @@ async fn over_http(repo: &Value, cache: &Path, label: &str) -> Duration {
         }
     };
     flow(repo, &format!("{label}-warm"), call).await;
+    // a profiler attached for the steady state starts here
+    eprintln!("{label}: warmed up");
     let mut samples = Vec::new();
     let mut steps = Vec::new();
     for i in 0..iterations() {

@@ -271,8 +271,9 @@ struct LocalState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     synced_refs: Option<BTreeMap<String, String>>,
     /// Packs of the manifest whose objects the mirror holds although their
-    /// files are not in it (packs this process wrote and uploaded): a load
-    /// does not download them.
+    /// files are not in it (packs this process wrote and uploaded, and
+    /// downloaded ones it held every object of): a load does not download
+    /// them.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     held_packs: BTreeSet<String>,
 }
@@ -414,6 +415,66 @@ impl RefsKey {
             deleted: manifest.deleted.clone(),
         }
     }
+
+    /// What the manifest itself says of each name it mentions: an id, or
+    /// `None` for deleted. A name also listed with an id has that id; one
+    /// whose id does not parse is the base's (as [`Manifest::ref_ids`]
+    /// leaves it out).
+    fn says(&self) -> BTreeMap<&str, Option<ObjectId>> {
+        let mut says: BTreeMap<&str, Option<ObjectId>> =
+            self.deleted.iter().map(|n| (n.as_str(), None)).collect();
+        for (name, id) in &self.refs {
+            if let Some(id) = hex_id(id) {
+                says.insert(name.as_str(), Some(id));
+            }
+        }
+        says
+    }
+
+    /// The refs this key resolves to against `base`.
+    fn resolve(&self, base: &Arc<RefMap>) -> Arc<RefMap> {
+        if self.refs.is_empty() && self.deleted.is_empty() {
+            return Arc::clone(base);
+        }
+        let mut refs = RefMap::clone(base);
+        for (name, id) in self.says() {
+            match id {
+                Some(id) => refs.insert(name.to_owned(), id),
+                None => refs.remove(name),
+            };
+        }
+        Arc::new(refs)
+    }
+
+    /// The refs this key resolves to against `base`, from `resolved`, what
+    /// `before` (a key on the same base) resolved to: only the names the
+    /// two keys say differently of are looked up and changed. A manifest
+    /// lists up to [`MAX_DELTA`] changes to its base, and the next one
+    /// mostly the same again.
+    fn resolve_from(&self, before: &Self, resolved: &RefMap, base: &Arc<RefMap>) -> Arc<RefMap> {
+        if self.refs.is_empty() && self.deleted.is_empty() {
+            return Arc::clone(base);
+        }
+        let (now, then) = (self.says(), before.says());
+        let mut refs = resolved.clone();
+        let mut set = |name: &str, id: Option<ObjectId>| {
+            if refs.get(name) != id.as_ref() {
+                match id {
+                    Some(id) => refs.insert(name.to_owned(), id),
+                    None => refs.remove(name),
+                };
+            }
+        };
+        for (name, id) in &now {
+            if then.get(name) != Some(id) {
+                set(name, *id);
+            }
+        }
+        for name in then.keys().filter(|n| !now.contains_key(*n)) {
+            set(name, base.get(name).copied());
+        }
+        Arc::new(refs)
+    }
 }
 
 impl<S: ObjectStore> Snapshots<S> {
@@ -494,8 +555,13 @@ impl<S: ObjectStore> Snapshots<S> {
             .join(format!("pack-{pack}.{ext}"))
     }
 
-    /// Downloads, verifies and installs one pack with its index.
-    async fn download_pack(&self, pack: &str) -> Result<u64, SnapshotError> {
+    /// Downloads and verifies one pack with its index, and installs it in
+    /// the mirror unless the mirror holds every object in it already (a
+    /// roll-up of packs it has, or another process's save into the same
+    /// mirror): a mirror that took a copy of each would search one more
+    /// index at every lookup and list one more pack at every rescan.
+    /// Returns the bytes read, and whether the pack was installed.
+    async fn download_pack(&self, pack: &str) -> Result<(u64, bool), SnapshotError> {
         let expected = hex_id(pack).ok_or_else(|| self.corrupt("bad pack name"))?;
         let mut read = 0u64;
         let mut bodies = Vec::new();
@@ -527,6 +593,22 @@ impl<S: ObjectStore> Snapshots<S> {
             })
         };
         self.remember_trees(&trees);
+        let ids = crate::pack::index_object_ids(idx_bytes)
+            .ok_or_else(|| self.corrupt(format!("index of pack {pack} is damaged")))?;
+        let mirror = self.mirror.clone();
+        let held = tokio::task::spawn_blocking(move || {
+            let repo = GitRepo::open(&mirror)?;
+            // a miss is not looked for in packs written meanwhile: the pack
+            // is then installed, which is never wrong
+            Ok::<_, RepoError>(ids.iter().all(|id| repo.has_object_without_rescan(*id)))
+        })
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+        if held {
+            // its index is what a compaction reads to list its objects
+            self.keep_index(pack, idx_bytes)?;
+            return Ok((read, false));
+        }
         let dir = self.mirror.join("objects/pack");
         std::fs::create_dir_all(&dir).map_err(Self::io("create", &dir))?;
         // the pack first, the index last: a pack without its index is not read
@@ -536,7 +618,7 @@ impl<S: ObjectStore> Snapshots<S> {
             std::fs::write(&tmp, body).map_err(Self::io("write", &tmp))?;
             std::fs::rename(&tmp, &path).map_err(Self::io("rename", &path))?;
         }
-        Ok(read)
+        Ok((read, true))
     }
 
     /// Brings the mirror to the snapshot: the manifest if it changed, the
@@ -595,20 +677,32 @@ impl<S: ObjectStore> Snapshots<S> {
         }
         bytes_read += self.load_discovery_cache().await?;
         let mut packs_downloaded = 0;
+        let mut held = held;
         for pack in &manifest.packs {
             if !held.contains(pack) && !self.local_pack(pack, "idx").exists() {
-                bytes_read += self.download_pack(pack).await?;
+                let (read, installed) = self.download_pack(pack).await?;
+                bytes_read += read;
                 packs_downloaded += 1;
+                if !installed {
+                    held.insert(pack.clone());
+                }
             }
         }
         let mirror = self.mirror.clone();
         let synced = refs.clone();
         let complete = tokio::task::spawn_blocking(move || {
             let repo = GitRepo::open(&mirror)?;
-            if let Some((name, _)) = synced.iter().find(|(_, id)| !repo.has_object(**id)) {
-                return Ok::<_, RepoError>(Some(name.clone()));
+            let current = repo.branches_and_tags()?;
+            // what the mirror lists already points to objects it has (refs
+            // are written after their objects): only the changes are looked up
+            let changes = crate::listing::differences(&current, &synced);
+            if let Some((name, ..)) = changes
+                .iter()
+                .find(|(_, _, id)| id.is_some_and(|id| !repo.has_object(id)))
+            {
+                return Ok::<_, RepoError>(Some((*name).to_owned()));
             }
-            repo.mirror_refs(&synced)?;
+            repo.mirror_refs_from(&current, &synced)?;
             Ok(None)
         })
         .await
@@ -670,21 +764,19 @@ impl<S: ObjectStore> Snapshots<S> {
             return Ok((Arc::new(manifest.ref_ids().into()), 0));
         };
         let key = RefsKey::of(manifest);
-        if let Some((cached, refs)) = &self.memory().resolved
+        let last = self.memory().resolved.clone();
+        if let Some((cached, refs)) = &last
             && *cached == key
         {
             return Ok((Arc::clone(refs), 0));
         }
         let (base_refs, read) = self.base_refs(base).await?;
-        let refs = if manifest.refs.is_empty() && manifest.deleted.is_empty() {
-            base_refs
-        } else {
-            let mut refs = RefMap::clone(&base_refs);
-            for name in &manifest.deleted {
-                refs.remove(name);
+        let refs = match &last {
+            // another writer's manifest on the same base: from the last one
+            Some((before, resolved)) if before.base == key.base => {
+                key.resolve_from(before, resolved, &base_refs)
             }
-            refs.extend(manifest.ref_ids());
-            Arc::new(refs)
+            _ => key.resolve(&base_refs),
         };
         self.memory().resolved = Some((key, Arc::clone(&refs)));
         Ok((refs, read))
@@ -1450,6 +1542,63 @@ mod tests {
         let mut counts = vec![4; 16];
         counts.push(15);
         assert_eq!(rolled(&counts).len(), 17);
+    }
+
+    #[test]
+    fn a_manifest_resolved_from_the_last_one_matches_one_resolved_from_its_base() {
+        let id = |n: u64| {
+            ObjectId::from_bytes_or_panic(&{
+                let mut bytes = [0u8; 20];
+                bytes[..8].copy_from_slice(&n.to_be_bytes());
+                bytes
+            })
+        };
+        let name = |n: u64| format!("refs/tags/pkg-{n}/v1");
+        let base: Arc<RefMap> = Arc::new((0..2_000).map(|n| (name(n), id(n))).collect());
+        let mut seed = 7u64;
+        let mut next = |below: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % below
+        };
+        let mut key = RefsKey {
+            base: Some("b".repeat(40)),
+            refs: BTreeMap::new(),
+            deleted: Vec::new(),
+        };
+        let mut resolved = key.resolve(&base);
+        for round in 0..200 {
+            let before = key.clone();
+            // names new and old (some of the base's) set, deleted, dropped
+            // from the delta again (back to the base's id), or given an id
+            // that does not parse
+            for _ in 0..next(12) {
+                let n = next(2_200);
+                match next(5) {
+                    0 | 1 => {
+                        key.refs.insert(name(n), id(n + 10_000 + round).to_string());
+                    }
+                    2 => {
+                        key.refs.remove(&name(n));
+                        key.deleted.push(name(n));
+                    }
+                    3 => {
+                        key.refs.remove(&name(n));
+                        key.deleted.retain(|d| *d != name(n));
+                    }
+                    _ => {
+                        key.refs.insert(name(n), "not an id".into());
+                    }
+                }
+            }
+            if round % 50 == 49 {
+                key.refs.clear();
+                key.deleted.clear();
+            }
+            resolved = key.resolve_from(&before, &resolved, &base);
+            assert_eq!(*resolved, *key.resolve(&base), "round {round}");
+        }
     }
 
     #[test]

@@ -348,6 +348,76 @@ async fn a_compaction_rewrites_the_recent_small_packs_not_the_whole_repository()
     assert_eq!(again.packs_downloaded, 0);
 }
 
+/// The pack indices in a mirror's pack directory.
+fn pack_files(mirror: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(mirror.join("objects/pack"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".idx"))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn processes_sharing_a_mirror_take_no_copy_of_each_others_packs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (store, up, remote, first) = prepared(root.path(), "shared").await;
+    // a second process on the same cache directory, a third on its own
+    let second = Snapshots::new(store.clone(), KEY, root.path().join("shared")).expect("second");
+    let own = Snapshots::new(store.clone(), KEY, root.path().join("own")).expect("own");
+    for reader in [&second, &own] {
+        let LoadOutcome::Loaded(_) = reader.load().await.expect("load") else {
+            panic!("missing")
+        };
+    }
+    let shared_packs = pack_files(first.mirror());
+
+    let mirror = mirror_of(first.mirror(), &up);
+    let mut compacted = false;
+    // enough saves for one compaction
+    for i in 0..=COMPACT_AT {
+        mirror
+            .apply(draft(&format!("ws{i}"), &format!("u{i}")))
+            .await
+            .expect("draft");
+        let saved = first.save(remote.url()).await.expect("save");
+        assert!(saved.pack.is_some());
+        compacted |= saved.compacted;
+        for reader in [&second, &own] {
+            let LoadOutcome::Loaded(loaded) = reader.load().await.expect("load") else {
+                panic!("missing")
+            };
+            assert_eq!(loaded.packs_downloaded, 1);
+            assert_eq!(show_refs(reader.mirror()), show_refs(&up));
+            // and it is not read again
+            let LoadOutcome::Loaded(again) = reader.load().await.expect("load") else {
+                panic!("missing")
+            };
+            assert_eq!((again.bytes_read, again.packs_downloaded), (0, 0));
+        }
+        // the second read the new pack (for what it says of its large
+        // trees), found every object in the mirror, and installed nothing
+        assert_eq!(pack_files(first.mirror()), shared_packs);
+    }
+    assert!(compacted);
+    fsck(first.mirror());
+    // the third installed what it lacked: the repository's pack, the
+    // saves' before the compaction, the roll-up (it holds the compacting
+    // save's objects too) and the last save's
+    let own_packs = pack_files(own.mirror());
+    assert_eq!(
+        own_packs.len(),
+        1 + (COMPACT_AT - 1) + 1 + 1,
+        "{own_packs:?}"
+    );
+    fsck(own.mirror());
+}
+
 #[tokio::test]
 async fn a_corrupt_snapshot_is_rebuilt_from_the_remote() {
     let root = tempfile::tempdir().expect("tempdir");
