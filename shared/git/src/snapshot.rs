@@ -764,12 +764,16 @@ impl<S: ObjectStore> Snapshots<S> {
             return Ok((Arc::new(manifest.ref_ids().into()), 0));
         };
         let key = RefsKey::of(manifest);
-        let last = self.memory().resolved.clone();
-        if let Some((cached, refs)) = &last
-            && *cached == key
-        {
-            return Ok((Arc::clone(refs), 0));
-        }
+        // taken out: it is replaced below
+        let last = {
+            let mut memory = self.memory();
+            if let Some((cached, refs)) = &memory.resolved
+                && *cached == key
+            {
+                return Ok((Arc::clone(refs), 0));
+            }
+            memory.resolved.take()
+        };
         let (base_refs, read) = self.base_refs(base).await?;
         let refs = match &last {
             // another writer's manifest on the same base: from the last one
