@@ -393,6 +393,8 @@ struct Memory {
     /// Those trees' bases (the tree at their path in their commit's first
     /// parent): what a compaction may store them against.
     tree_bases: std::collections::HashMap<ObjectId, ObjectId>,
+    /// Retired packs already looked at for removal from the mirror.
+    retired_seen: BTreeSet<String>,
 }
 
 /// How many large trees [`Memory::tree_depths`] keeps before it starts
@@ -688,6 +690,9 @@ impl<S: ObjectStore> Snapshots<S> {
                 }
             }
         }
+        if packs_downloaded > 0 {
+            self.drop_retired_packs(&manifest).await?;
+        }
         let mirror = self.mirror.clone();
         let synced = refs.clone();
         let complete = tokio::task::spawn_blocking(move || {
@@ -717,6 +722,74 @@ impl<S: ObjectStore> Snapshots<S> {
             bytes_read,
             packs_downloaded,
         })))
+    }
+
+    /// Removes from the mirror the packs it downloaded that the manifest
+    /// has retired, once the packs it lists (every one installed or held
+    /// here by now) hold every object of theirs: a roll-up replaced them.
+    /// A mirror would otherwise keep each pack it ever downloaded, one
+    /// per save of another process, and search each index at every
+    /// lookup. Lookups in flight on a removed pack find the object again
+    /// in the roll-up (gix lists the pack directory again when a pack it
+    /// knew is gone). A retired pack whose objects are not all listed (a
+    /// roll-up of every pack drops what nothing reaches) is kept.
+    async fn drop_retired_packs(&self, manifest: &Manifest) -> Result<(), SnapshotError> {
+        let retired: Vec<&str> = {
+            let mut memory = self.memory();
+            // what the manifest no longer retires will not come back
+            memory
+                .retired_seen
+                .retain(|p| manifest.retired.iter().any(|r| r.pack == *p));
+            manifest
+                .retired
+                .iter()
+                .map(|r| r.pack.as_str())
+                .filter(|p| {
+                    !memory.retired_seen.contains(*p) && !manifest.packs.iter().any(|l| l == p)
+                })
+                .collect()
+        };
+        if retired.is_empty() {
+            return Ok(());
+        }
+        // the listed packs' ids, read as needed, newest first: a roll-up is
+        // listed last, and the repository's large pack first
+        let mut listed: Vec<Vec<ObjectId>> = Vec::new();
+        let mut unread = manifest.packs.iter().rev();
+        for pack in retired {
+            self.memory().retired_seen.insert(pack.to_owned());
+            // a held one's index, kept for a compaction that is done
+            self.forget_index(pack);
+            let idx = self.local_pack(pack, "idx");
+            let Some(ids) = std::fs::read(&idx)
+                .ok()
+                .and_then(|bytes| crate::pack::index_object_ids(&bytes))
+            else {
+                continue;
+            };
+            let mut covered = true;
+            for id in &ids {
+                while !listed.iter().any(|l| l.binary_search(id).is_ok()) {
+                    match unread.next() {
+                        Some(next) => listed.push(self.pack_object_ids(next).await?),
+                        None => {
+                            covered = false;
+                            break;
+                        }
+                    }
+                }
+                if !covered {
+                    break;
+                }
+            }
+            if covered {
+                // the index first: a pack without its index is not read
+                std::fs::remove_file(&idx).map_err(Self::io("remove", &idx))?;
+                let data = self.local_pack(pack, "pack");
+                std::fs::remove_file(&data).map_err(Self::io("remove", &data))?;
+            }
+        }
+        Ok(())
     }
 
     fn base_key(&self, id: &str) -> String {

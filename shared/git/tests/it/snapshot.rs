@@ -406,15 +406,34 @@ async fn processes_sharing_a_mirror_take_no_copy_of_each_others_packs() {
     }
     assert!(compacted);
     fsck(first.mirror());
-    // the third installed what it lacked: the repository's pack, the
-    // saves' before the compaction, the roll-up (it holds the compacting
-    // save's objects too) and the last save's
-    let own_packs = pack_files(own.mirror());
+    // the third installed what it lacked, the roll-up too (it holds the
+    // compacting save's objects), then removed the packs the roll-up
+    // replaced: it has the packs the manifest lists, and no other
+    let manifest = Manifest::decode(
+        &store
+            .get(&format!("{KEY}/manifest.json"))
+            .await
+            .expect("get")
+            .expect("manifest")
+            .body,
+    )
+    .expect("manifest");
+    assert!(!manifest.retired.is_empty());
+    let mut listed: Vec<String> = manifest
+        .packs
+        .iter()
+        .map(|p| format!("pack-{p}.idx"))
+        .collect();
+    listed.sort();
+    assert_eq!(pack_files(own.mirror()), listed);
     assert_eq!(
-        own_packs.len(),
-        1 + (COMPACT_AT - 1) + 1 + 1,
-        "{own_packs:?}"
+        std::fs::read_dir(own.mirror().join("objects/pack"))
+            .expect("pack directory")
+            .count(),
+        2 * listed.len(),
+        "each index with its pack, nothing else"
     );
+    assert_eq!(show_refs(own.mirror()), show_refs(&up));
     fsck(own.mirror());
 }
 
