@@ -100,6 +100,20 @@ async fn prepared(
     (store, up, remote, snapshots)
 }
 
+/// Draft `ws<i>` made through `mirror`, then saved by `writer`.
+async fn draft_and_save(
+    mirror: &Mirror<LocalRemote>,
+    writer: &Snapshots<LocalDirStore>,
+    remote: &LocalRemote,
+    i: usize,
+) -> porch_git::snapshot::Saved {
+    mirror
+        .apply(draft(&format!("ws{i}"), &format!("u{i}")))
+        .await
+        .expect("draft");
+    writer.save(remote.url()).await.expect("save")
+}
+
 /// A mirror at `dir` of the local upstream `up`.
 fn mirror_of(dir: &Path, up: &Path) -> Mirror<LocalRemote> {
     Mirror::new(dir, LocalRemote::new(up), RetryPolicy::default()).expect("mirror")
@@ -256,11 +270,7 @@ async fn packs_are_compacted_and_loads_still_work() {
     let mirror = mirror_of(writer.mirror(), &up);
     let mut compacted = false;
     for i in 0..=COMPACT_AT {
-        mirror
-            .apply(draft(&format!("ws{i}"), &format!("u{i}")))
-            .await
-            .expect("draft");
-        compacted |= writer.save(remote.url()).await.expect("save").compacted;
+        compacted |= draft_and_save(&mirror, &writer, &remote, i).await.compacted;
     }
     assert!(compacted, "more than {COMPACT_AT} packs were compacted");
     let reader = Snapshots::new(store.clone(), KEY, root.path().join("r")).expect("r");
@@ -381,11 +391,7 @@ async fn processes_sharing_a_mirror_take_no_copy_of_each_others_packs() {
     let mut compacted = false;
     // enough saves for one compaction
     for i in 0..=COMPACT_AT {
-        mirror
-            .apply(draft(&format!("ws{i}"), &format!("u{i}")))
-            .await
-            .expect("draft");
-        let saved = first.save(remote.url()).await.expect("save");
+        let saved = draft_and_save(&mirror, &first, &remote, i).await;
         assert!(saved.pack.is_some());
         compacted |= saved.compacted;
         for reader in [&second, &own] {
