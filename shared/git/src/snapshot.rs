@@ -725,8 +725,8 @@ impl<S: ObjectStore> Snapshots<S> {
     }
 
     /// Removes from the mirror the packs it downloaded that the manifest
-    /// has retired, once the packs it lists (every one installed or held
-    /// here by now) hold every object of theirs: a roll-up replaced them.
+    /// has retired, once the listed packs installed in it hold every
+    /// object of theirs: a roll-up replaced them.
     /// A mirror would otherwise keep each pack it ever downloaded, one
     /// per save of another process, and search each index at every
     /// lookup. Lookups in flight on a removed pack find the object again
@@ -752,8 +752,11 @@ impl<S: ObjectStore> Snapshots<S> {
         if retired.is_empty() {
             return Ok(());
         }
-        // the listed packs' ids, read as needed, newest first: a roll-up is
-        // listed last, and the repository's large pack first
+        // The ids of the listed packs installed here, read as needed, newest
+        // first (a roll-up is listed last, the repository's large pack
+        // first). A held pack does not count: its objects may be in the
+        // very packs retired (a roll-up of packs this mirror has is held,
+        // not installed).
         let mut listed: Vec<Vec<ObjectId>> = Vec::new();
         let mut unread = manifest.packs.iter().rev();
         for pack in retired {
@@ -770,12 +773,15 @@ impl<S: ObjectStore> Snapshots<S> {
             let mut covered = true;
             for id in &ids {
                 while !listed.iter().any(|l| l.binary_search(id).is_ok()) {
-                    match unread.next() {
-                        Some(next) => listed.push(self.pack_object_ids(next).await?),
-                        None => {
-                            covered = false;
-                            break;
-                        }
+                    let Some(next) = unread.next() else {
+                        covered = false;
+                        break;
+                    };
+                    if let Some(ids) = std::fs::read(self.local_pack(next, "idx"))
+                        .ok()
+                        .and_then(|bytes| crate::pack::index_object_ids(&bytes))
+                    {
+                        listed.push(ids);
                     }
                 }
                 if !covered {

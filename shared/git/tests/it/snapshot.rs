@@ -444,6 +444,40 @@ async fn processes_sharing_a_mirror_take_no_copy_of_each_others_packs() {
 }
 
 #[tokio::test]
+async fn packs_a_mirror_installed_stay_while_only_a_held_roll_up_holds_their_objects() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (store, up, remote, writer) = prepared(root.path(), "w").await;
+    let other = Snapshots::new(store.clone(), KEY, root.path().join("o")).expect("other");
+    let LoadOutcome::Loaded(_) = other.load().await.expect("load") else {
+        panic!("missing")
+    };
+    // the writer's saves, each installed by the other as it loads them
+    let writes = mirror_of(writer.mirror(), &up);
+    for i in 0..COMPACT_AT - 1 {
+        draft_and_save(&writes, &writer, &remote, i).await;
+        let LoadOutcome::Loaded(loaded) = other.load().await.expect("load") else {
+            panic!("missing")
+        };
+        assert_eq!(loaded.packs_downloaded, 1);
+    }
+    // the other's save compacts: it holds the roll-up (its own pack), whose
+    // objects are in the packs it installed and its own
+    let saved = draft_and_save(&mirror_of(other.mirror(), &up), &other, &remote, 100).await;
+    assert!(saved.compacted);
+    // the writer's next save: the other downloads it, and must keep the
+    // packs the roll-up retired, since it never installed the roll-up
+    writer.load().await.expect("load");
+    draft_and_save(&writes, &writer, &remote, 101).await;
+    let LoadOutcome::Loaded(loaded) = other.load().await.expect("load") else {
+        panic!("missing")
+    };
+    assert_eq!(loaded.packs_downloaded, 1);
+    assert!(!loaded.manifest.retired.is_empty());
+    assert_eq!(show_refs(other.mirror()), show_refs(&up));
+    fsck(other.mirror());
+}
+
+#[tokio::test]
 async fn a_corrupt_snapshot_is_rebuilt_from_the_remote() {
     let root = tempfile::tempdir().expect("tempdir");
     let (store, up, remote, writer) = prepared(root.path(), "w").await;
