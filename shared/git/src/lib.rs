@@ -16,6 +16,8 @@
 //!   local directory store; S3 comes with the snapshot);
 //! * [`listing`]: every branch and tag of a repository, its `packed-refs`
 //!   parse kept while the file stays the same;
+//! * [`packed_refs`]: a mirror's branches and tags packed into one
+//!   `packed-refs` file under its lock, as `git pack-refs` does;
 //! * `opened`: repositories opened in this process, kept by path and
 //!   checked against the disk at every open;
 //! * [`repo`]: repository access with gix (objects, package trees,
@@ -31,6 +33,7 @@ pub mod mirror;
 mod opened;
 pub mod operations;
 pub mod pack;
+pub mod packed_refs;
 pub mod pktline;
 pub mod refmap;
 pub mod remote;

@@ -215,6 +215,16 @@ fn branches_and_tags_at(git_dir: &Path, looked_at: SystemTime) -> Option<Arc<Ref
     with_packed(git_dir, looked_at, |entry| entry.listing(loose))
 }
 
+/// How many loose branches and tags the last listing of the repository at
+/// `git_dir` in this process found; `None` if it was not listed here.
+pub fn loose_count(git_dir: &Path) -> Option<usize> {
+    PARSED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(git_dir)
+        .map(|entry| entry.loose.len())
+}
+
 /// One branch or tag, as a single lookup: its loose file, else
 /// `packed-refs` (parsed once while it stays the same, as for
 /// [`branches_and_tags`]). `Some(None)`: no such ref. `None` when the files

@@ -934,71 +934,24 @@ impl GitRepo {
             });
         }
         // a loose ref that cannot be written (a file where a directory
-        // must go) is settled by the whole rewrite below
-        if edits.len() <= FEW && self.repo.edit_references(edits).is_ok() {
+        // must go) is settled by the whole rewrite below, and so are loose
+        // refs grown past what a listing should read each time
+        let loose = crate::listing::loose_count(self.repo.path()).unwrap_or(0);
+        if edits.len() <= FEW
+            && loose + edits.len() <= crate::packed_refs::PACK_LOOSE_AT
+            && self.repo.edit_references(edits).is_ok()
+        {
             return Ok(());
         }
         // One packed-refs file written whole, then the loose branch and tag
         // files removed: a mirror of a large remote would otherwise create
         // (and later read) one file per ref.
-        for name in refs.keys() {
-            checked(name)?;
-        }
-        let dir = self.repo.path();
-        let packed = dir.join("packed-refs");
-        let mut lines = String::from("# pack-refs with: sorted \n");
-        let mut entries: BTreeMap<String, String> = BTreeMap::new();
-        if let Ok(existing) = std::fs::read_to_string(&packed) {
-            // refs outside heads and tags stay, with their peeled lines
-            let mut kept: Option<String> = None;
-            for line in existing.lines() {
-                if line.starts_with('#') {
-                    continue;
-                }
-                if let Some(peeled) = line.strip_prefix('^') {
-                    if let Some(entry) = kept.as_ref().and_then(|n| entries.get_mut(n)) {
-                        entry.push_str(&format!("\n^{peeled}"));
-                    }
-                    continue;
-                }
-                kept = None;
-                if let Some((id, name)) = line.split_once(' ')
-                    && !mirrored(name)
-                {
-                    entries.insert(name.to_owned(), id.to_owned());
-                    kept = Some(name.to_owned());
-                }
+        crate::packed_refs::write_mirror_refs(self.repo.path(), current, refs).map_err(|e| {
+            RepoError::Git {
+                step: "mirror the remote's refs",
+                source: e.into(),
             }
-        }
-        for (name, id) in refs {
-            entries.insert(name.clone(), id.to_string());
-        }
-        for (name, id) in &entries {
-            lines.push_str(id);
-            lines.push(' ');
-            lines.push_str(name);
-            lines.push('\n');
-        }
-        let tmp = dir.join(format!("packed-refs.tmp-{}", std::process::id()));
-        std::fs::write(&tmp, lines).map_err(git("write packed-refs"))?;
-        std::fs::rename(&tmp, &packed).map_err(git("write packed-refs"))?;
-        for top in ["refs/heads", "refs/tags"] {
-            let mut stack = vec![dir.join(top)];
-            while let Some(path) = stack.pop() {
-                let Ok(read) = std::fs::read_dir(&path) else {
-                    continue;
-                };
-                for entry in read.flatten() {
-                    let path = entry.path();
-                    if path.is_dir() {
-                        stack.push(path);
-                    } else if path.extension().is_none_or(|e| e != "lock") {
-                        std::fs::remove_file(&path).map_err(git("remove a loose ref"))?;
-                    }
-                }
-            }
-        }
-        Ok(())
+        })
     }
 
     /// Every branch and tag with the id it holds (an annotated tag's own

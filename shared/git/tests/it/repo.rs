@@ -1209,3 +1209,79 @@ fn a_complete_pack_stores_a_history_of_large_trees_as_deltas_within_it() {
         assert!(a == b, "tree {tree} read back differently");
     }
 }
+
+/// A mirror that gains one tag per publish packs its loose refs once they
+/// pass `PACK_LOOSE_AT`, so a listing never reads more loose files than
+/// that; git reads the same branches and tags as the listing throughout,
+/// annotated tags and a note the mirror does not own included.
+#[test]
+fn a_mirror_gaining_a_tag_per_publish_keeps_few_loose_refs() {
+    use porch_git::listing::RefMap;
+    use porch_git::packed_refs::PACK_LOOSE_AT;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bare = dir.path().join("m.git");
+    let repo = GitRepo::init_bare(&bare).expect("init");
+    let mut files = Files::new();
+    files.insert("a/Kptfile".into(), b"kind: Kptfile\n".to_vec());
+    let tree = repo.write_files(&files).expect("tree");
+    let who = orchestrator();
+    let commit = repo
+        .commit(tree, &[], "first", &who, &committer(), 1_795_000_000)
+        .expect("commit");
+    let hex = commit.to_string();
+    git(&bare, &["tag", "-a", "-m", "annotated", "annotated", &hex]);
+    git(&bare, &["update-ref", "refs/notes/commits", &hex]);
+    git(&bare, &["pack-refs", "--all"]);
+    let annotated = repo.branches_and_tags().expect("list")["refs/tags/annotated"];
+
+    let loose_files = || {
+        let out = git(&bare, &["for-each-ref", "--format=%(refname)"]);
+        out.lines().filter(|name| bare.join(name).is_file()).count()
+    };
+    let mut refs: RefMap = [
+        ("refs/heads/main".to_owned(), commit),
+        ("refs/tags/annotated".to_owned(), annotated),
+    ]
+    .into();
+    let mut most = 0;
+    for n in 1..=PACK_LOOSE_AT + 20 {
+        refs.insert(format!("refs/tags/pkg-{}/v{n}", n % 7), commit);
+        GitRepo::open(&bare)
+            .expect("open")
+            .mirror_refs(&refs)
+            .expect("mirror");
+        most = most.max(loose_files());
+    }
+    assert!(
+        most <= PACK_LOOSE_AT,
+        "at most {PACK_LOOSE_AT} loose refs, {most} seen"
+    );
+    assert!(loose_files() < 30, "packed once past the limit");
+    let listed = GitRepo::open(&bare)
+        .expect("open")
+        .branches_and_tags()
+        .expect("list");
+    assert_eq!(*listed, refs);
+    let gits: RefMap = git(
+        &bare,
+        &["for-each-ref", "--format=%(objectname) %(refname)"],
+    )
+    .lines()
+    .filter_map(|line| line.split_once(' '))
+    .filter(|(_, name)| name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
+    .map(|(id, name)| (name.to_owned(), id.parse().expect("id")))
+    .collect();
+    assert_eq!(gits, refs, "git reads what the listing reads");
+    assert_eq!(
+        git(&bare, &["rev-parse", "refs/notes/commits"]).trim(),
+        hex,
+        "a ref the mirror does not own stays"
+    );
+    assert_eq!(
+        git(&bare, &["rev-parse", "annotated^{commit}"]).trim(),
+        hex,
+        "an annotated tag still peels"
+    );
+    git(&bare, &["fsck", "--no-progress"]);
+}
