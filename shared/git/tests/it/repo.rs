@@ -615,6 +615,16 @@ fn packages_over_the_size_limits_are_refused_on_read_write_and_discovery() {
     assert!(objects.contains("count: 0"), "nothing written: {objects}");
 }
 
+/// A first commit holding one package's Kptfile.
+fn first_commit(repo: &GitRepo) -> gix::ObjectId {
+    let mut files = Files::new();
+    files.insert("a/Kptfile".into(), b"kind: Kptfile\n".to_vec());
+    let tree = repo.write_files(&files).expect("tree");
+    let who = orchestrator();
+    repo.commit(tree, &[], "first", &who, &committer(), 1_795_000_000)
+        .expect("commit")
+}
+
 #[test]
 fn the_cached_ref_listing_is_what_gix_lists() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -625,13 +635,7 @@ fn the_cached_ref_listing_is_what_gix_lists() {
         c
     });
     let repo = GitRepo::open(&bare).expect("open");
-    let mut files = Files::new();
-    files.insert("a/Kptfile".into(), b"kind: Kptfile\n".to_vec());
-    let tree = repo.write_files(&files).expect("tree");
-    let who = orchestrator();
-    let commit = repo
-        .commit(tree, &[], "first", &who, &committer(), 1_795_000_000)
-        .expect("commit");
+    let commit = first_commit(&repo);
     let hex = commit.to_string();
     for name in [
         "refs/heads/main",
@@ -1222,13 +1226,7 @@ fn a_mirror_gaining_a_tag_per_publish_keeps_few_loose_refs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bare = dir.path().join("m.git");
     let repo = GitRepo::init_bare(&bare).expect("init");
-    let mut files = Files::new();
-    files.insert("a/Kptfile".into(), b"kind: Kptfile\n".to_vec());
-    let tree = repo.write_files(&files).expect("tree");
-    let who = orchestrator();
-    let commit = repo
-        .commit(tree, &[], "first", &who, &committer(), 1_795_000_000)
-        .expect("commit");
+    let commit = first_commit(&repo);
     let hex = commit.to_string();
     git(&bare, &["tag", "-a", "-m", "annotated", "annotated", &hex]);
     git(&bare, &["update-ref", "refs/notes/commits", &hex]);
