@@ -10,14 +10,22 @@
 //!
 //! Several processes may share a mirror (the CLI, `cargo lambda watch`).
 //! The lock keeps two rewrites of `packed-refs` (this one, or gix deleting
-//! a packed ref) from losing each other's work, and a loose file whose
-//! value is neither the one packed nor the one listed before was written
-//! by another writer meanwhile: it is newer, and stays.
+//! a packed ref) from losing each other's work. Each loose file is removed
+//! under its own lock, and one whose value is neither the one packed nor
+//! the one listed before was written by another writer meanwhile: it is
+//! newer, and stays.
+//!
+//! Unlike git, a `packed-refs.lock` older than [`LOCK_STALE`] is broken:
+//! a mirror is a cache that only this code writes, for milliseconds at a
+//! time, and one crash inside a write would otherwise stop it for good. A
+//! writer that stood still for that long inside its write finds its lock
+//! gone and writes nothing.
 
 use crate::listing::{RefMap, is_branch_or_tag};
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Loose branches and tags a mirror keeps before it packs them all.
@@ -28,15 +36,20 @@ const LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// The age at which a `packed-refs.lock` is taken to be left by a writer
 /// that died: a rewrite holds it for milliseconds.
-const LOCK_STALE: Duration = Duration::from_secs(30);
+pub const LOCK_STALE: Duration = Duration::from_secs(30);
 
 /// Why the refs could not be packed.
 #[derive(Debug, thiserror::Error)]
 pub enum PackRefsError {
     #[error("{name} is not a branch or tag")]
     NotMirrored { name: String },
-    #[error("packed-refs is locked by another writer (packed-refs.lock for over {waited:?})")]
-    Locked { waited: Duration },
+    #[error(
+        "packed-refs is locked by another writer ({path} held for over {waited:?}; \
+         if no git process runs, remove it)"
+    )]
+    Locked { path: String, waited: Duration },
+    #[error("{path} was broken as stale while this writer held it; nothing was written")]
+    LockBroken { path: String },
     #[error("failed to {step}")]
     Io {
         step: &'static str,
@@ -49,73 +62,118 @@ fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> PackRefsError {
     move |source| PackRefsError::Io { step, source }
 }
 
-/// `packed-refs.lock`, removed on drop unless it became `packed-refs`.
-struct Lock<'a> {
-    path: std::path::PathBuf,
-    git_dir: &'a Path,
+/// A lock file (`<file>.lock`, created only if absent), removed on drop
+/// unless it was renamed over the file it locks. It is only ever removed
+/// or renamed while the path still names the file this lock created.
+struct Lock {
+    path: PathBuf,
     file: Option<std::fs::File>,
+    /// Device and inode of the file created.
+    made: (u64, u64),
+    done: bool,
 }
 
-impl<'a> Lock<'a> {
-    /// Takes the lock, waiting up to [`LOCK_WAIT`] for another writer's and
-    /// removing one older than [`LOCK_STALE`].
-    fn take(git_dir: &'a Path) -> Result<Self, PackRefsError> {
+impl Lock {
+    /// Creates the lock file at `path`; `None` while another writer holds
+    /// it.
+    fn try_take(path: PathBuf) -> std::io::Result<Option<Self>> {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => {
+                let meta = file.metadata()?;
+                Ok(Some(Lock {
+                    path,
+                    file: Some(file),
+                    made: (meta.dev(), meta.ino()),
+                    done: false,
+                }))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Takes `packed-refs.lock`, waiting up to [`LOCK_WAIT`] for another
+    /// writer's and breaking one older than [`LOCK_STALE`].
+    fn take_packed(git_dir: &Path) -> Result<Self, PackRefsError> {
         let path = git_dir.join("packed-refs.lock");
         let started = Instant::now();
         loop {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(file) => {
-                    return Ok(Lock {
-                        path,
-                        git_dir,
-                        file: Some(file),
-                    });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io("lock packed-refs")(e)),
+            if let Some(lock) = Self::try_take(path.clone()).map_err(io("lock packed-refs"))? {
+                return Ok(lock);
             }
-            let stale = std::fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|modified| SystemTime::now().duration_since(modified).ok())
-                .is_some_and(|age| age > LOCK_STALE);
-            if stale {
-                // another waiter may have removed it first: either way it
-                // is gone
-                let _ = std::fs::remove_file(&path);
+            if break_stale(&path) {
                 continue;
             }
             let waited = started.elapsed();
             if waited >= LOCK_WAIT {
-                return Err(PackRefsError::Locked { waited });
+                return Err(PackRefsError::Locked {
+                    path: path.display().to_string(),
+                    waited,
+                });
             }
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
-    /// Writes `contents` and renames the lock over `packed-refs`.
-    fn commit(mut self, contents: &[u8]) -> Result<(), PackRefsError> {
+    /// Whether the path still names the file this lock created.
+    fn still_ours(&self) -> bool {
+        std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.made)
+    }
+
+    /// Writes `contents` and renames the lock over `target`.
+    fn commit(mut self, contents: &[u8], target: &Path) -> Result<(), PackRefsError> {
         let mut file = self.file.take().expect("a lock holds its file until used");
         file.write_all(contents).map_err(io("write packed-refs"))?;
         drop(file);
-        std::fs::rename(&self.path, self.git_dir.join("packed-refs"))
-            .map_err(io("write packed-refs"))?;
-        // renamed: nothing left to remove
-        self.path = std::path::PathBuf::new();
+        if !self.still_ours() {
+            // broken as stale while this writer stood still: its file is
+            // another writer's now
+            self.done = true;
+            return Err(PackRefsError::LockBroken {
+                path: self.path.display().to_string(),
+            });
+        }
+        std::fs::rename(&self.path, target).map_err(io("write packed-refs"))?;
+        self.done = true;
         Ok(())
     }
 }
 
-impl Drop for Lock<'_> {
+impl Drop for Lock {
     fn drop(&mut self) {
-        if !self.path.as_os_str().is_empty() {
+        if !self.done && self.still_ours() {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Removes the lock at `path` if it is older than [`LOCK_STALE`], as left
+/// by a writer that died (git and gix never break a lock, so one writer's
+/// crash inside its write would stop a mirror for good). Breakers take
+/// `<path>.break` first and look at the lock's age again under it, so a
+/// lock another breaker removed and a writer took anew is never removed.
+/// `true` if it was removed.
+fn break_stale(path: &Path) -> bool {
+    let stale = |path: &Path| {
+        std::fs::symlink_metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|modified| SystemTime::now().duration_since(modified).ok())
+            .is_some_and(|age| age > LOCK_STALE)
+    };
+    if !stale(path) {
+        return false;
+    }
+    let mut breaker = path.as_os_str().to_owned();
+    breaker.push(".break");
+    let Ok(Some(_breaking)) = Lock::try_take(PathBuf::from(breaker)) else {
+        return false;
+    };
+    stale(path) && std::fs::remove_file(path).is_ok()
 }
 
 /// Makes the branches and tags of the repository at `git_dir` exactly
@@ -136,7 +194,7 @@ pub fn write_mirror_refs(
     }) {
         return Err(PackRefsError::NotMirrored { name: name.clone() });
     }
-    let lock = Lock::take(git_dir)?;
+    let lock = Lock::take_packed(git_dir)?;
     let packed = git_dir.join("packed-refs");
     // name → the id, and the peeled id of a ref kept from the old file
     let mut entries: BTreeMap<&str, (String, Option<&str>)> = BTreeMap::new();
@@ -181,13 +239,15 @@ pub fn write_mirror_refs(
             lines.push('\n');
         }
     }
-    lock.commit(lines.as_bytes())?;
+    lock.commit(lines.as_bytes(), &packed)?;
     remove_loose(git_dir, current, refs)
 }
 
 /// Removes the loose branch and tag files `packed-refs` now stands for, and
-/// the directories that leaves empty. A file holding an id other than the
-/// one packed and the one `current` listed was written meanwhile: kept.
+/// the directories that leaves empty, each under its `.lock` as git does.
+/// Kept: a ref another writer holds locked, a symbolic ref, and a file
+/// holding an id other than the one packed and the one `current` listed
+/// (written meanwhile).
 fn remove_loose(git_dir: &Path, current: &RefMap, refs: &RefMap) -> Result<(), PackRefsError> {
     for top in ["refs/heads", "refs/tags"] {
         // directories in the order met; removed deepest first below
@@ -205,15 +265,26 @@ fn remove_loose(git_dir: &Path, current: &RefMap, refs: &RefMap) -> Result<(), P
                     stack.push((path, name));
                     continue;
                 }
-                if name.ends_with(".lock") {
+                if name.ends_with(".lock") || name.ends_with(".break") {
                     continue;
                 }
-                let newer = std::fs::read(&path).ok().is_some_and(|contents| {
-                    gix::ObjectId::from_hex(contents.trim_ascii()).is_ok_and(|id| {
+                // locked as git pack-refs does: a writer holding the lock
+                // is moving the ref, and the value it leaves is its own
+                let mut lock_path = path.clone().into_os_string();
+                lock_path.push(".lock");
+                let Ok(Some(_lock)) = Lock::try_take(PathBuf::from(lock_path)) else {
+                    continue;
+                };
+                let Ok(contents) = std::fs::read(&path) else {
+                    continue;
+                };
+                let text = contents.trim_ascii();
+                // a symbolic ref, or an id written meanwhile: kept
+                let keep = text.starts_with(b"ref:")
+                    || gix::ObjectId::from_hex(text).is_ok_and(|id| {
                         refs.get(&name) != Some(&id) && current.get(&name) != Some(&id)
-                    })
-                });
-                if newer {
+                    });
+                if keep {
                     continue;
                 }
                 match std::fs::remove_file(&path) {
@@ -343,12 +414,88 @@ mod tests {
         file.set_modified(SystemTime::now() - LOCK_STALE * 2)
             .expect("age the lock");
         drop(file);
+        assert!(!git.join("packed-refs.lock.break").exists());
         let refs: RefMap = [("refs/heads/main".to_owned(), id('2'))].into();
         let started = Instant::now();
         write_mirror_refs(&git, &listed(&git), &refs).expect("stale lock taken");
         assert!(started.elapsed() < LOCK_WAIT);
         assert_eq!(listed(&git), refs);
         assert!(!lock.exists());
+    }
+
+    #[test]
+    fn a_stale_lock_is_broken_once_and_a_live_one_never() {
+        let dir = bare();
+        let git = dir.path();
+        let refs: RefMap = [("refs/heads/main".to_owned(), id('1'))].into();
+        let lock = git.join("packed-refs.lock");
+        let age = |path: &Path| {
+            std::fs::File::open(path)
+                .expect("open")
+                .set_modified(SystemTime::now() - LOCK_STALE * 2)
+                .expect("age");
+        };
+
+        // another breaker at work: the stale lock is left to it
+        std::fs::write(&lock, "").expect("lock");
+        age(&lock);
+        let breaker = git.join("packed-refs.lock.break");
+        std::fs::write(&breaker, "").expect("breaker");
+        let error = write_mirror_refs(git, &RefMap::new(), &refs).expect_err("left");
+        assert!(matches!(error, PackRefsError::Locked { .. }), "{error}");
+        assert!(lock.exists() && !git.join("packed-refs").exists());
+        std::fs::remove_file(&breaker).expect("breaker done");
+
+        // a stale lock that cannot be removed: refused after the wait, not
+        // tried again forever
+        std::fs::remove_file(&lock).expect("unlock");
+        std::fs::create_dir_all(lock.join("inside")).expect("a directory");
+        age(&lock);
+        let started = Instant::now();
+        let error = write_mirror_refs(git, &RefMap::new(), &refs).expect_err("kept");
+        assert!(matches!(error, PackRefsError::Locked { .. }), "{error}");
+        assert!(started.elapsed() < LOCK_WAIT * 3);
+        assert!(!breaker.exists(), "the breaker's own lock is released");
+        std::fs::remove_dir_all(&lock).expect("clean");
+
+        // a lock broken while its writer stood still: that writer renames
+        // and removes nothing of the new holder's
+        let held = Lock::try_take(lock.clone()).expect("take").expect("free");
+        std::fs::remove_file(&lock).expect("broken");
+        std::fs::write(&lock, "the new holder's").expect("taken anew");
+        let error = held
+            .commit(b"stale writer's", &git.join("packed-refs"))
+            .expect_err("broken");
+        assert!(matches!(error, PackRefsError::LockBroken { .. }), "{error}");
+        assert!(!git.join("packed-refs").exists());
+        assert_eq!(std::fs::read(&lock).expect("still"), b"the new holder's");
+        let held = Lock::try_take(git.join("other.lock"))
+            .expect("take")
+            .expect("free");
+        std::fs::remove_file(git.join("other.lock")).expect("broken");
+        std::fs::write(git.join("other.lock"), "").expect("taken anew");
+        drop(held);
+        assert!(
+            git.join("other.lock").exists(),
+            "a dropped lock removes only its own file"
+        );
+    }
+
+    #[test]
+    fn a_loose_ref_locked_by_its_writer_and_a_symbolic_ref_stay() {
+        let dir = bare();
+        let git = dir.path();
+        loose(git, "refs/heads/busy", id('1'));
+        loose(git, "refs/heads/main", id('2'));
+        std::fs::write(git.join("refs/heads/alias"), "ref: refs/heads/main\n").expect("symbolic");
+        let current = listed(git);
+        std::fs::write(git.join("refs/heads/busy.lock"), "").expect("a writer's lock");
+        let refs: RefMap = [("refs/heads/main".to_owned(), id('2'))].into();
+        write_mirror_refs(git, &current, &refs).expect("packed");
+        assert!(git.join("refs/heads/busy").exists(), "its writer decides");
+        assert!(git.join("refs/heads/busy.lock").exists());
+        assert!(git.join("refs/heads/alias").exists());
+        assert!(!git.join("refs/heads/main").exists(), "packed");
     }
 
     #[test]

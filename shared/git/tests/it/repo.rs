@@ -1229,13 +1229,36 @@ fn a_mirror_gaining_a_tag_per_publish_keeps_few_loose_refs() {
     let commit = first_commit(&repo);
     let hex = commit.to_string();
     git(&bare, &["tag", "-a", "-m", "annotated", "annotated", &hex]);
-    git(&bare, &["update-ref", "refs/notes/commits", &hex]);
-    git(&bare, &["pack-refs", "--all"]);
     let annotated = repo.branches_and_tags().expect("list")["refs/tags/annotated"];
+    // a ref the mirror does not own, at an annotated tag: packed with a
+    // peeled line
+    git(
+        &bare,
+        &["update-ref", "refs/notes/commits", &annotated.to_string()],
+    );
+    git(&bare, &["pack-refs", "--all"]);
+    let peeled = format!("{annotated} refs/notes/commits\n^{hex}\n");
+    assert!(
+        std::fs::read_to_string(bare.join("packed-refs"))
+            .expect("read")
+            .contains(&peeled)
+    );
 
     let loose_files = || {
         let out = git(&bare, &["for-each-ref", "--format=%(refname)"]);
         out.lines().filter(|name| bare.join(name).is_file()).count()
+    };
+    // the branches and tags as git reads them
+    let gits = || -> RefMap {
+        git(
+            &bare,
+            &["for-each-ref", "--format=%(objectname) %(refname)"],
+        )
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(_, name)| name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
+        .map(|(id, name)| (name.to_owned(), id.parse().expect("id")))
+        .collect()
     };
     let mut refs: RefMap = [
         ("refs/heads/main".to_owned(), commit),
@@ -1261,25 +1284,45 @@ fn a_mirror_gaining_a_tag_per_publish_keeps_few_loose_refs() {
         .branches_and_tags()
         .expect("list");
     assert_eq!(*listed, refs);
-    let gits: RefMap = git(
-        &bare,
-        &["for-each-ref", "--format=%(objectname) %(refname)"],
-    )
-    .lines()
-    .filter_map(|line| line.split_once(' '))
-    .filter(|(_, name)| name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
-    .map(|(id, name)| (name.to_owned(), id.parse().expect("id")))
-    .collect();
-    assert_eq!(gits, refs, "git reads what the listing reads");
+    assert_eq!(gits(), refs, "git reads what the listing reads");
+    assert!(
+        std::fs::read_to_string(bare.join("packed-refs"))
+            .expect("read")
+            .contains(&peeled),
+        "a ref the mirror does not own stays, with its peeled line"
+    );
     assert_eq!(
-        git(&bare, &["rev-parse", "refs/notes/commits"]).trim(),
-        hex,
-        "a ref the mirror does not own stays"
+        git(&bare, &["rev-parse", "refs/notes/commits^{commit}"]).trim(),
+        hex
     );
     assert_eq!(
         git(&bare, &["rev-parse", "annotated^{commit}"]).trim(),
         hex,
         "an annotated tag still peels"
+    );
+
+    // many removed at once (more than are written loose), one added
+    let mut refs: RefMap = refs
+        .iter()
+        .filter(|(name, _)| {
+            !["3/", "4/", "5/"]
+                .iter()
+                .any(|n| name.starts_with(&format!("refs/tags/pkg-{n}")))
+        })
+        .map(|(name, id)| (name.clone(), *id))
+        .collect();
+    refs.insert("refs/heads/next".to_owned(), commit);
+    let mirror = GitRepo::open(&bare).expect("open");
+    let before = mirror.branches_and_tags().expect("list");
+    assert!(porch_git::listing::differences(&before, &refs).len() > 64);
+    mirror.mirror_refs(&refs).expect("mirror");
+    assert_eq!(gits(), refs, "the removed tags are gone for git too");
+    assert_eq!(
+        *GitRepo::open(&bare)
+            .expect("open")
+            .branches_and_tags()
+            .expect("list"),
+        refs
     );
     git(&bare, &["fsck", "--no-progress"]);
 }
