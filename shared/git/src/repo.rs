@@ -936,37 +936,24 @@ impl GitRepo {
         // a loose ref that cannot be written (a file where a directory
         // must go) is settled by the whole rewrite below, and so are loose
         // refs grown past what a listing should read each time
-        let few = edits.len() <= FEW;
         let loose = crate::listing::loose_count(self.repo.path()).unwrap_or(0);
-        let packing_due = loose + edits.len() > crate::packed_refs::PACK_LOOSE_AT;
-        let mut edits = Some(edits);
-        if few
-            && !packing_due
-            && let Some(edits) = edits.take()
+        if edits.len() <= FEW
+            && loose + edits.len() <= crate::packed_refs::PACK_LOOSE_AT
             && self.repo.edit_references(edits).is_ok()
         {
             return Ok(());
         }
         // One packed-refs file written whole, then the loose branch and tag
         // files removed: a mirror of a large remote would otherwise create
-        // (and later read) one file per ref.
-        match crate::packed_refs::write_mirror_refs(self.repo.path(), current, refs) {
-            Ok(()) => Ok(()),
-            // packing only due: the few changes are written loose, as
-            // before the loose refs grew
-            Err(crate::packed_refs::PackRefsError::Locked { .. })
-                if let Some(edits) = edits.filter(|_| few) =>
-            {
-                self.repo
-                    .edit_references(edits)
-                    .map(drop)
-                    .map_err(git("mirror the remote's refs"))
-            }
-            Err(e) => Err(RepoError::Git {
+        // (and later read) one file per ref. gix locks packed-refs for any
+        // change, so a lock left by a writer that died fails the loose
+        // write above for good; this rewrite breaks it once it is stale.
+        crate::packed_refs::write_mirror_refs(self.repo.path(), current, refs).map_err(|e| {
+            RepoError::Git {
                 step: "mirror the remote's refs",
                 source: e.into(),
-            }),
-        }
+            }
+        })
     }
 
     /// Every branch and tag with the id it holds (an annotated tag's own

@@ -1326,3 +1326,48 @@ fn a_mirror_gaining_a_tag_per_publish_keeps_few_loose_refs() {
     );
     git(&bare, &["fsck", "--no-progress"]);
 }
+
+/// `packed-refs.lock` held by another writer: no change is written, and
+/// the lock is left alone. Left by a writer that died long ago: broken,
+/// and the change written.
+#[test]
+fn a_mirror_waits_for_a_held_packed_refs_lock_and_breaks_a_stale_one() {
+    use porch_git::listing::RefMap;
+    use porch_git::packed_refs::LOCK_STALE;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bare = dir.path().join("m.git");
+    let repo = GitRepo::init_bare(&bare).expect("init");
+    let commit = first_commit(&repo);
+    let mut refs: RefMap = [("refs/heads/main".to_owned(), commit)].into();
+    repo.mirror_refs(&refs).expect("mirror");
+    let lock = bare.join("packed-refs.lock");
+    std::fs::write(&lock, "").expect("another writer's lock");
+
+    refs.insert("refs/tags/p/v1".to_owned(), commit);
+    let error = repo.mirror_refs(&refs).expect_err("locked");
+    assert!(
+        std::error::Error::source(&error)
+            .is_some_and(|e| e.to_string().contains("packed-refs.lock")),
+        "{error:?}"
+    );
+    assert!(
+        !repo
+            .branches_and_tags()
+            .expect("list")
+            .contains_key("refs/tags/p/v1")
+    );
+    assert!(lock.exists(), "another writer's lock is left alone");
+
+    std::fs::File::open(&lock)
+        .expect("open")
+        .set_modified(std::time::SystemTime::now() - LOCK_STALE * 2)
+        .expect("age");
+    repo.mirror_refs(&refs).expect("the stale lock broken");
+    assert_eq!(*repo.branches_and_tags().expect("list"), refs);
+    assert!(!lock.exists());
+    assert_eq!(
+        git(&bare, &["rev-parse", "refs/tags/p/v1"]).trim(),
+        commit.to_string()
+    );
+}
