@@ -151,10 +151,22 @@ fn parse_packed(bytes: &[u8]) -> Option<RefMap> {
     Some(refs.into_iter().collect())
 }
 
-/// Every loose branch and tag, sorted by name; `None` for anything
-/// unexpected. Symbolic refs are skipped, as a listing of direct refs does.
-fn read_loose(git_dir: &Path) -> Option<Vec<(String, ObjectId)>> {
-    let mut out = Vec::new();
+/// The loose ref files under `refs/heads` and `refs/tags` (ref name and
+/// path, lock files left out), and the directories below those two,
+/// parents before their children.
+pub(crate) struct LooseFiles {
+    pub files: Vec<(String, PathBuf)>,
+    pub dirs: Vec<PathBuf>,
+}
+
+/// Walks the loose branch and tag files of the repository at `git_dir`. A
+/// directory gone meanwhile is skipped; a name that is not UTF-8 is an
+/// error ([`std::io::ErrorKind::InvalidData`]).
+pub(crate) fn loose_files(git_dir: &Path) -> std::io::Result<LooseFiles> {
+    let mut out = LooseFiles {
+        files: Vec::new(),
+        dirs: Vec::new(),
+    };
     let mut stack: Vec<(PathBuf, String)> = ["refs/heads", "refs/tags"]
         .iter()
         .map(|top| (git_dir.join(top), (*top).to_owned()))
@@ -163,36 +175,45 @@ fn read_loose(git_dir: &Path) -> Option<Vec<(String, ObjectId)>> {
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(_) => return None,
+            Err(e) => return Err(e),
         };
         for entry in entries {
-            let entry = entry.ok()?;
+            let entry = entry?;
             let file_name = entry.file_name();
-            let file_name = file_name.to_str()?;
+            let file_name = file_name.to_str().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "a ref name is not UTF-8")
+            })?;
             let name = format!("{prefix}/{file_name}");
-            let kind = entry.file_type().ok()?;
-            if kind.is_dir() {
+            if entry.file_type()?.is_dir() {
+                out.dirs.push(entry.path());
                 stack.push((entry.path(), name));
-                continue;
+            } else if !file_name.ends_with(".lock") {
+                out.files.push((name, entry.path()));
             }
-            if file_name.ends_with(".lock") {
-                continue;
-            }
-            let contents = match std::fs::read(entry.path()) {
-                Ok(contents) => contents,
-                // removed between the listing and the read: gone
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(_) => return None,
-            };
-            let text = contents.trim_ascii();
-            if text.starts_with(b"ref:") {
-                continue;
-            }
-            if !valid_name(&name) {
-                return None;
-            }
-            out.push((name, parse_id(text)?));
         }
+    }
+    Ok(out)
+}
+
+/// Every loose branch and tag, sorted by name; `None` for anything
+/// unexpected. Symbolic refs are skipped, as a listing of direct refs does.
+fn read_loose(git_dir: &Path) -> Option<Vec<(String, ObjectId)>> {
+    let mut out = Vec::new();
+    for (name, path) in loose_files(git_dir).ok()?.files {
+        let contents = match std::fs::read(path) {
+            Ok(contents) => contents,
+            // removed between the listing and the read: gone
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return None,
+        };
+        let text = contents.trim_ascii();
+        if text.starts_with(b"ref:") {
+            continue;
+        }
+        if !valid_name(&name) {
+            return None;
+        }
+        out.push((name, parse_id(text)?));
     }
     out.sort();
     Some(out)

@@ -249,55 +249,42 @@ pub fn write_mirror_refs(
 /// holding an id other than the one packed and the one `current` listed
 /// (written meanwhile).
 fn remove_loose(git_dir: &Path, current: &RefMap, refs: &RefMap) -> Result<(), PackRefsError> {
-    for top in ["refs/heads", "refs/tags"] {
-        // directories in the order met; removed deepest first below
-        let mut dirs = Vec::new();
-        let mut stack = vec![(git_dir.join(top), top.to_owned())];
-        while let Some((dir, prefix)) = stack.pop() {
-            let Ok(read) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in read.flatten() {
-                let path = entry.path();
-                let name = format!("{prefix}/{}", entry.file_name().to_string_lossy());
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    dirs.push(path.clone());
-                    stack.push((path, name));
-                    continue;
-                }
-                if name.ends_with(".lock") || name.ends_with(".break") {
-                    continue;
-                }
-                // locked as git pack-refs does: a writer holding the lock
-                // is moving the ref, and the value it leaves is its own
-                let mut lock_path = path.clone().into_os_string();
-                lock_path.push(".lock");
-                let Ok(Some(_lock)) = Lock::try_take(PathBuf::from(lock_path)) else {
-                    continue;
-                };
-                let Ok(contents) = std::fs::read(&path) else {
-                    continue;
-                };
-                let text = contents.trim_ascii();
-                // a symbolic ref, or an id written meanwhile: kept
-                let keep = text.starts_with(b"ref:")
-                    || gix::ObjectId::from_hex(text).is_ok_and(|id| {
-                        refs.get(&name) != Some(&id) && current.get(&name) != Some(&id)
-                    });
-                if keep {
-                    continue;
-                }
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io("remove a loose ref")(e)),
-                }
-            }
+    let loose = crate::listing::loose_files(git_dir).map_err(io("list the loose refs"))?;
+    for (name, path) in loose.files {
+        // locked as git pack-refs does: a writer holding the lock is moving
+        // the ref, and the value it leaves is its own
+        let mut lock_path = path.clone().into_os_string();
+        lock_path.push(".lock");
+        let _lock = match Lock::try_take(PathBuf::from(lock_path)) {
+            Ok(Some(lock)) => lock,
+            // held by another writer, or the ref and its directory gone
+            Ok(None) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("lock a loose ref")(e)),
+        };
+        let contents = match std::fs::read(&path) {
+            Ok(contents) => contents,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("read a loose ref")(e)),
+        };
+        let text = contents.trim_ascii();
+        // a symbolic ref, or an id written meanwhile: kept
+        let keep = text.starts_with(b"ref:")
+            || gix::ObjectId::from_hex(text)
+                .is_ok_and(|id| refs.get(&name) != Some(&id) && current.get(&name) != Some(&id));
+        if keep {
+            continue;
         }
-        // a directory another writer fills meanwhile is not empty: kept
-        for dir in dirs.iter().rev() {
-            let _ = std::fs::remove_dir(dir);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("remove a loose ref")(e)),
         }
+    }
+    // deepest first; a directory another writer fills meanwhile is not
+    // empty, and stays
+    for dir in loose.dirs.iter().rev() {
+        let _ = std::fs::remove_dir(dir);
     }
     Ok(())
 }
